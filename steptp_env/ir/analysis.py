@@ -1,0 +1,220 @@
+"""Program analysis shared by validation, lowering and the strategies.
+
+All functions are pure and work on the AST: index ranges, reductions (with their identity values), prefix
+scans, read/write sets, use-def chains between nests and loop-carried dependences.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from .ast import (Access, BinOp, Call, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses, equations,
+                  free_vars)
+from .dtypes import is_float
+
+REDUCE_OPS = ("+", "-", "*", "max", "min")
+
+
+def index_range(expr: Expr, bounds: Mapping[str, int],
+                tensor_ranges: Mapping[str, tuple[int, int]] | None = None) -> tuple[int, int] | None:
+    """Smallest interval holding an integer index expression when every loop var v ranges over
+    [0, bounds[v]-1] and every index tensor T holds values in tensor_ranges[T]; None where it cannot be
+    bounded (unknown index tensors, division by non-constants)."""
+    if isinstance(expr, Access):
+        return (tensor_ranges or {}).get(expr.name)
+    if isinstance(expr, Const):
+        return (expr.value, expr.value) if expr.is_int else None
+    if isinstance(expr, Var):
+        extent = bounds.get(expr.name)
+        return None if extent is None else (0, extent - 1)
+    if isinstance(expr, Neg):
+        inner = index_range(expr.operand, bounds, tensor_ranges)
+        return None if inner is None else (-inner[1], -inner[0])
+    if isinstance(expr, BinOp):
+        lhs, rhs = index_range(expr.lhs, bounds, tensor_ranges), index_range(expr.rhs, bounds, tensor_ranges)
+        if lhs is None or rhs is None:
+            return None
+        if expr.op == "+":
+            return lhs[0] + rhs[0], lhs[1] + rhs[1]
+        if expr.op == "-":
+            return lhs[0] - rhs[1], lhs[1] - rhs[0]
+        if expr.op == "*":
+            products = [a * b for a in lhs for b in rhs]
+            return min(products), max(products)
+        if expr.op in ("//", "%") and rhs[0] == rhs[1] and rhs[0] > 0:
+            if expr.op == "//":
+                return lhs[0] // rhs[0], lhs[1] // rhs[0]
+            if lhs[0] >= 0 and lhs[1] < rhs[0]:
+                return lhs
+            return 0, rhs[0] - 1
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """`X = X op e` (or `max/min(X, e)`) over the loop vars absent from X's subscript."""
+
+    op: str
+    reduced_vars: tuple[str, ...]
+    operand: Expr
+
+    def identity(self, dtype: str) -> int | float:
+        return reduction_identity(self.op, dtype)
+
+
+def reduction_identity(op: str, dtype: str) -> int | float:
+    """The value a reduction starts from: 0 for + and -, 1 for *, -inf/+inf for max/min (the dtype's
+    extreme value for integers)."""
+    if op in ("+", "-"):
+        return 0
+    if op == "*":
+        return 1
+    if is_float(dtype):
+        return -math.inf if op == "max" else math.inf
+    bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint16": 16, "uint32": 32,
+            "uint64": 64, "bool": 1}[dtype]
+    if dtype.startswith("uint") or dtype == "bool":
+        return 0 if op == "max" else 2 ** bits - 1
+    return -(2 ** (bits - 1)) if op == "max" else 2 ** (bits - 1) - 1
+
+
+def accumulation(eq: Equation) -> tuple[str, Expr] | None:
+    """(op, operand) when the equation reads its own target at the same element and combines it with one
+    operand: `X=X+e`, `X=X-e`, `X=X*e`, `X=e+X`, `X=e*X`, `X=max(X,e)`, `X=min(e,X)`; else None."""
+    rhs, target = eq.rhs, eq.lhs
+    if isinstance(rhs, BinOp) and rhs.op in ("+", "-", "*"):
+        if rhs.lhs == target and target not in accesses_of(rhs.rhs):
+            return rhs.op, rhs.rhs
+        if rhs.op != "-" and rhs.rhs == target and target not in accesses_of(rhs.lhs):
+            return rhs.op, rhs.lhs
+    if isinstance(rhs, Call) and rhs.func in ("max", "min"):
+        first, second = rhs.args
+        if first == target and target not in accesses_of(second):
+            return rhs.func, second
+        if second == target and target not in accesses_of(first):
+            return rhs.func, first
+    return None
+
+
+def accesses_of(expr: Expr) -> list[Access]:
+    return list(accesses(expr))
+
+
+def reduction(loops: tuple[Loop, ...], eq: Equation) -> Reduction | None:
+    """The reduction an equation performs inside `loops`, or None when it reduces over no loop var."""
+    acc = accumulation(eq)
+    if acc is None:
+        return None
+    used = set()
+    for index in eq.lhs.indices:
+        used.update(free_vars(index))
+    reduced = tuple(l.var for l in loops if l.var not in used)
+    return Reduction(acc[0], reduced, acc[1]) if reduced else None
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """An equation that reads its own target at an earlier element along `var` (`X_{i}` from `X_{i-k}`)."""
+
+    tensor: str
+    var: str
+    offset: int
+
+
+def scans(loops: tuple[Loop, ...], eq: Equation) -> list[Scan]:
+    """The prefix-scan dependences of an equation: reads of its target that lag the write along a loop var."""
+    found = []
+    for acc in accesses(eq.rhs):
+        if acc.name != eq.lhs.name or acc == eq.lhs or acc.rank != eq.lhs.rank:
+            continue
+        for w, r in zip(eq.lhs.indices, acc.indices):
+            if w == r:
+                continue
+            lag = _lag(w, r)
+            if lag is not None:
+                found.append(Scan(eq.lhs.name, lag[0], lag[1]))
+    return found
+
+
+def _lag(write: Expr, read: Expr) -> tuple[str, int] | None:
+    """(var, k) when `read` is `write - k` with `write` a plain loop var and k a positive constant."""
+    if isinstance(write, Var) and isinstance(read, BinOp) and read.lhs == write and isinstance(read.rhs, Const):
+        if read.op == "-" and read.rhs.is_int and read.rhs.value > 0:
+            return write.name, read.rhs.value
+        if read.op == "+" and read.rhs.is_int and read.rhs.value < 0:
+            return write.name, -read.rhs.value
+    return None
+
+
+def reads(nest: Nest) -> tuple[str, ...]:
+    """Tensors a nest reads (index tensors included), in order of first appearance."""
+    names: dict[str, None] = {}
+    for _, eq in equations(nest):
+        for acc in accesses(eq.rhs):
+            names.setdefault(acc.name, None)
+        for index in eq.lhs.indices:
+            for acc in accesses(index):
+                names.setdefault(acc.name, None)
+    return tuple(names)
+
+
+def writes(nest: Nest) -> tuple[str, ...]:
+    """Tensors a nest writes, in order of first appearance."""
+    names: dict[str, None] = {}
+    for _, eq in equations(nest):
+        names.setdefault(eq.lhs.name, None)
+    return tuple(names)
+
+
+def use_def(nests: tuple[Nest, ...]) -> list[dict[str, tuple[int, ...]]]:
+    """For each nest, the earlier nests that write each tensor it reads (all of them, since a nest may write
+    only part of a tensor). Tensors nobody writes (inputs) map to ()."""
+    chains = []
+    for i, nest in enumerate(nests):
+        chains.append({name: tuple(j for j in range(i) if name in writes(nests[j])) for name in reads(nest)})
+    return chains
+
+
+def users(nests: tuple[Nest, ...], index: int) -> tuple[int, ...]:
+    """The later nests that read something nest `index` writes."""
+    out = set(writes(nests[index]))
+    return tuple(j for j in range(index + 1, len(nests)) if out & set(reads(nests[j])))
+
+
+def carried_dependences(nest: Nest) -> dict[str, tuple[str, ...]]:
+    """Loop var -> reasons why iterations of that loop may depend on each other (an empty mapping means
+    every loop of the nest can run its iterations in any order). Conservative: reasons are derived from
+    reductions, scans, and reads or writes of a written tensor at subscripts that differ from the write."""
+    carried: dict[str, list[str]] = {}
+
+    def note(var: str, why: str) -> None:
+        reasons = carried.setdefault(var, [])
+        if why not in reasons:
+            reasons.append(why)
+
+    eqs = list(equations(nest))
+    written: dict[str, list[Access]] = {}
+    for _, eq in eqs:
+        written.setdefault(eq.lhs.name, []).append(eq.lhs)
+    for loops, eq in eqs:
+        red = reduction(loops, eq)
+        write_vars = set()
+        for index in eq.lhs.indices:
+            write_vars.update(free_vars(index))
+        for loop in loops:
+            if loop.var not in write_vars:
+                why = f"reduction into {eq.lhs.name}" if red else f"{eq.lhs.name} is rewritten in every iteration"
+                note(loop.var, why)
+        for scan in scans(loops, eq):
+            note(scan.var, f"prefix scan of {scan.tensor}")
+        for acc in accesses(eq.rhs):
+            for target in written.get(acc.name, ()):
+                if acc.indices != target.indices:
+                    for index in acc.indices + target.indices:
+                        for var in free_vars(index):
+                            note(var, f"{acc.name} is read and written at different elements")
+                    if any(not list(free_vars(i)) or list(accesses(i)) for i in acc.indices):
+                        for loop in loops:
+                            note(loop.var, f"{acc.name} is read at data-dependent or fixed elements")
+    return {var: tuple(reasons) for var, reasons in carried.items()}

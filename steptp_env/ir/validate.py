@@ -1,0 +1,143 @@
+"""Checks a program against its signature and infers the shapes of intermediates.
+
+Each problem raises a `SignatureError` whose `kind` says what is wrong and whose `tensor` names the tensor
+(or loop variable): undefined-name, rank-mismatch, read-before-write, out-of-bounds, dtype-mismatch,
+scope-mismatch, inconsistent-shape, writes-input, output-not-written, duplicate-loop-var, unknown-shape.
+"""
+from __future__ import annotations
+
+from ..errors import SignatureError
+from .analysis import index_range
+from .ast import Access, Const, Nest, Var, accesses, equations, walk
+from .dtypes import is_int
+from .program import Signature, TensorInfo
+
+
+def _constant(expr) -> int | None:
+    return expr.value if isinstance(expr, Const) and expr.is_int else None
+
+
+def check_program(nests: tuple[Nest, ...], signature: Signature) -> dict[str, TensorInfo]:
+    """Validate `nests` against `signature`; return every tensor's info (intermediate shapes inferred)."""
+    known = {s.name: s for s in signature.tensors}
+    meta: dict[str, tuple[str, str, int, str]] = {}  # name -> (dtype, scope, rank, 'write'/'read')
+    extents: dict[str, list[int]] = {}  # intermediate -> inferred extent per dimension
+    written: set[str] = set()
+    constant_reads: list[tuple[int, Access]] = []
+    value_ranges: dict[str, tuple[int, int]] = {}  # integer intermediate -> range of the values written
+
+    for n, nest in enumerate(nests):
+        nest_writes = {eq.lhs.name for _, eq in equations(nest)}
+        for loops, eq in equations(nest):
+            names = [l.var for l in loops]
+            for var in names:
+                if names.count(var) > 1:
+                    raise SignatureError("duplicate-loop-var", f"loop variable {var!r} is bound twice", var, n)
+            bounds = {l.var: l.extent for l in loops}
+            for node in walk(eq.rhs):
+                if isinstance(node, Var) and node.name not in bounds:
+                    raise SignatureError("undefined-name", f"loop variable {node.name!r} is not bound here",
+                                         node.name, n)
+            for node in (eq.lhs, *accesses(eq.rhs)):
+                for index in node.indices:
+                    for sub in walk(index):
+                        if isinstance(sub, Var) and sub.name not in bounds:
+                            raise SignatureError("undefined-name", f"loop variable {sub.name!r} is not bound here",
+                                                 sub.name, n)
+            _check_access(eq.lhs, known, meta, n, is_write=True)
+            for acc in (*accesses(eq.lhs), *accesses(eq.rhs)):
+                _check_access(acc, known, meta, n, is_write=False)
+            for acc in accesses(eq.rhs):
+                if acc.name not in written and acc.name not in nest_writes and acc.name != eq.lhs.name:
+                    spec = known.get(acc.name)
+                    if spec is None or spec.role == "output":
+                        raise SignatureError("read-before-write", f"{acc.name} is read before it is written",
+                                             acc.name, n)
+                if any(_constant(i) is not None for i in acc.indices):
+                    constant_reads.append((n, acc))
+            _check_write(eq.lhs, bounds, known, extents, value_ranges, n)
+            written.add(eq.lhs.name)
+            if eq.lhs.name not in known and is_int(eq.lhs.dtype):
+                _note_value_range(eq, bounds, value_ranges)
+
+    for spec in signature.outputs:
+        if spec.name not in written:
+            raise SignatureError("output-not-written", f"output {spec.name} is never written", spec.name)
+    for n, acc in constant_reads:
+        shape = known[acc.name].shape if acc.name in known else tuple(extents[acc.name])
+        for dim, index in enumerate(acc.indices):
+            value = _constant(index)
+            if value is not None and not 0 <= value < shape[dim]:
+                raise SignatureError("out-of-bounds", f"{acc.name} has extent {shape[dim]} in dimension {dim}, "
+                                     f"subscript {value} is outside", acc.name, n)
+
+    infos = {}
+    for spec in signature.tensors:
+        dtype, scope, *_ = meta.get(spec.name, (spec.dtype, "g"))
+        infos[spec.name] = TensorInfo(spec.name, spec.shape, spec.dtype, scope, spec.role)
+    for name, dims in extents.items():
+        dtype, scope, *_ = meta[name]
+        infos[name] = TensorInfo(name, tuple(dims), dtype, scope, "intermediate")
+    return infos
+
+
+def _note_value_range(eq, bounds, value_ranges) -> None:
+    """Track the values an integer intermediate can hold, so writes through it (precomputed indices) can
+    be bounded. A tensor some write of which cannot be bounded is dropped for good."""
+    new = index_range(eq.rhs, bounds, value_ranges)
+    name = eq.lhs.name
+    if new is None:
+        value_ranges[name] = None  # type: ignore[assignment]
+    elif name not in value_ranges:
+        value_ranges[name] = new
+    elif value_ranges[name] is not None:
+        old = value_ranges[name]
+        value_ranges[name] = (min(old[0], new[0]), max(old[1], new[1]))
+
+
+def _check_access(acc: Access, known, meta, n: int, is_write: bool) -> None:
+    """The writes of an intermediate fix its storage (dtype and scope); they must all agree. A read of an
+    intermediate may name another dtype, which converts the value read, and another scope, which is
+    ignored (the reference writes `R^{f64,s}=16` and reads `R^{i32,g}`). Signature tensors must be accessed
+    with their signature dtype. Ranks must always agree."""
+    spec = known.get(acc.name)
+    if spec is not None:
+        if acc.dtype != spec.dtype:
+            raise SignatureError("dtype-mismatch", f"{acc.name} is {spec.dtype} in the signature but accessed as "
+                                 f"{acc.dtype}", acc.name, n)
+        if acc.rank != len(spec.shape):
+            raise SignatureError("rank-mismatch", f"{acc.name} has rank {len(spec.shape)} but is accessed with "
+                                 f"{acc.rank} subscript(s)", acc.name, n)
+    if is_write and acc.name in meta and meta[acc.name][3] == "read":
+        meta[acc.name] = (acc.dtype, acc.scope, acc.rank, "write")
+    seen = meta.setdefault(acc.name, (acc.dtype, acc.scope, acc.rank, "write" if is_write else "read"))
+    strict = is_write or spec is not None
+    if seen[0] != acc.dtype and strict:
+        raise SignatureError("dtype-mismatch", f"{acc.name} is accessed both as {seen[0]} and {acc.dtype}",
+                             acc.name, n)
+    if seen[1] != acc.scope and is_write:
+        raise SignatureError("scope-mismatch", f"{acc.name} is accessed in scopes {seen[1]!r} and {acc.scope!r}",
+                             acc.name, n)
+    if seen[2] != acc.rank:
+        raise SignatureError("inconsistent-shape", f"{acc.name} is accessed with {seen[2]} and {acc.rank} "
+                             "subscripts", acc.name, n)
+
+
+def _check_write(lhs: Access, bounds: dict[str, int], known, extents, value_ranges, n: int) -> None:
+    spec = known.get(lhs.name)
+    if spec is not None and spec.role != "output":
+        raise SignatureError("writes-input", f"{lhs.name} is a {spec.role} of the program and may not be written",
+                             lhs.name, n)
+    dims = extents.setdefault(lhs.name, [0] * lhs.rank) if spec is None else None
+    for dim, index in enumerate(lhs.indices):
+        lo_hi = index_range(index, bounds, {k: v for k, v in value_ranges.items() if v is not None})
+        if lo_hi is None:
+            raise SignatureError("unknown-shape", f"cannot bound subscript {dim} of the write to {lhs.name}",
+                                 lhs.name, n)
+        lo, hi = lo_hi
+        limit = spec.shape[dim] if spec is not None else None
+        if lo < 0 or (limit is not None and hi >= limit):
+            raise SignatureError("out-of-bounds", f"write to {lhs.name} reaches [{lo}, {hi}] in dimension {dim}"
+                                 + (f" of extent {limit}" if limit is not None else ""), lhs.name, n)
+        if dims is not None:
+            dims[dim] = max(dims[dim], hi + 1)
