@@ -80,14 +80,29 @@ def reduction_identity(op: str, dtype: str) -> int | float:
 
 
 def accumulation(eq: Equation) -> tuple[str, Expr] | None:
-    """(op, operand) when the equation reads its own target at the same element and combines it with one
-    operand: `X=X+e`, `X=X-e`, `X=X*e`, `X=e+X`, `X=e*X`, `X=max(X,e)`, `X=min(e,X)`; else None."""
+    """(op, operand) when the equation combines its own target element with an operand that does not
+    read it: `X=X+e`, `X=X-e`, `X=X*e`, `X=e+X`, `X=e*X`, `X=max(X,e)`, `X=min(e,X)`, and chains whose
+    leftmost term is the target, `X=X+e+c-c` (op `+`, operand `e+c-c`) or `X=X*a*b`; else None."""
     rhs, target = eq.rhs, eq.lhs
     if isinstance(rhs, BinOp) and rhs.op in ("+", "-", "*"):
-        if rhs.lhs == target and target not in accesses_of(rhs.rhs):
-            return rhs.op, rhs.rhs
-        if rhs.op != "-" and rhs.rhs == target and target not in accesses_of(rhs.lhs):
+        if rhs.rhs == target and rhs.op != "-" and target not in accesses_of(rhs.lhs):
             return rhs.op, rhs.lhs
+        ops = ("*",) if rhs.op == "*" else ("+", "-")
+        terms = []
+        node: Expr = rhs
+        while isinstance(node, BinOp) and node.op in ops:
+            terms.append((node.op, node.rhs))
+            node = node.lhs
+        if node != target or any(target in accesses_of(term) for _, term in terms):
+            return None
+        terms.reverse()
+        if len(terms) == 1:
+            return terms[0]
+        first_op, operand = terms[0]
+        operand = Neg(operand) if first_op == "-" else operand
+        for op, term in terms[1:]:
+            operand = BinOp(op, operand, term)
+        return ("*" if ops == ("*",) else "+"), operand
     if isinstance(rhs, Call) and rhs.func in ("max", "min"):
         first, second = rhs.args
         if first == target and target not in accesses_of(second):
@@ -95,6 +110,17 @@ def accumulation(eq: Equation) -> tuple[str, Expr] | None:
         if second == target and target not in accesses_of(first):
             return rhs.func, first
     return None
+
+
+def scan_operator(eq: Equation) -> str:
+    """The operator whose identity a scan's first element starts from: the top-level `+ - *` or
+    `max`/`min` of the right-hand side, `+` for any other form."""
+    rhs = eq.rhs
+    if isinstance(rhs, BinOp) and rhs.op in ("+", "-", "*"):
+        return rhs.op
+    if isinstance(rhs, Call) and rhs.func in ("max", "min"):
+        return rhs.func
+    return "+"
 
 
 def accesses_of(expr: Expr) -> list[Access]:
@@ -218,3 +244,43 @@ def carried_dependences(nest: Nest) -> dict[str, tuple[str, ...]]:
                         for loop in loops:
                             note(loop.var, f"{acc.name} is read at data-dependent or fixed elements")
     return {var: tuple(reasons) for var, reasons in carried.items()}
+
+
+def loop_iterations(nests: tuple[Nest, ...]) -> int:
+    """Sum over nests of the product of their loop extents (inner nests counted inside their parents):
+    a rough cost, the same measure the reference corpus reports as `loop_iterations`."""
+
+    def count(nest: Nest, outer: int) -> int:
+        here = outer * math.prod(l.extent for l in nest.loops)
+        inner = [s for s in nest.body if isinstance(s, Nest)]
+        return (here if len(inner) < len(nest.body) else 0) + sum(count(s, here) for s in inner)
+
+    return sum(count(n, 1) for n in nests)
+
+
+def reduction_length(nests: tuple[Nest, ...]) -> int:
+    """The largest number of terms any single reduction or scan of the program accumulates: what bounds
+    the rounding error a reordering of the same arithmetic can cause (used by the verify tolerances)."""
+    longest = 1
+    for nest in nests:
+        for loops, eq in equations(nest):
+            red = reduction(loops, eq)
+            if red is not None:
+                longest = max(longest, math.prod(l.extent for l in loops if l.var in red.reduced_vars))
+            for scan in scans(loops, eq):
+                longest = max(longest, next(l.extent for l in loops if l.var == scan.var))
+    return longest
+
+
+def index_uses(nests: tuple[Nest, ...]) -> list[tuple[str, str, int, Expr, dict[str, int]]]:
+    """Every use of a tensor as a subscript: (index tensor, indexed tensor, dimension, subscript expression,
+    loop bounds there). Lets input generation keep index tensors inside the dimensions they index."""
+    found = []
+    for nest in nests:
+        for loops, eq in equations(nest):
+            bounds = {l.var: l.extent for l in loops}
+            for acc in [eq.lhs, *accesses(eq.rhs)]:
+                for dim, index in enumerate(acc.indices):
+                    for inner in accesses(index):
+                        found.append((inner.name, acc.name, dim, index, bounds))
+    return found

@@ -7,7 +7,7 @@ tree.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Union
 
 LOOP_KINDS = ("L", "P", "V", "U", "B")
@@ -205,3 +205,22 @@ def accesses(expr: Expr) -> Iterator[Access]:
     for node in walk(expr):
         if isinstance(node, Access):
             yield node
+
+
+def replace_accesses(expr: Expr, fn) -> Expr:
+    """Rebuild an expression bottom-up, replacing every access `a` (after rewriting its subscripts) by
+    `fn(a)`. Nodes without accesses are returned unchanged."""
+    if isinstance(expr, Access):
+        new = replace(expr, indices=tuple(replace_accesses(i, fn) for i in expr.indices))
+        return fn(new)
+    kids = children(expr)
+    if not kids:
+        return expr
+    new_kids = tuple(replace_accesses(k, fn) for k in kids)
+    if isinstance(expr, Neg):
+        return replace(expr, operand=new_kids[0])
+    if isinstance(expr, (BinOp, And)):
+        return replace(expr, lhs=new_kids[0], rhs=new_kids[1])
+    if isinstance(expr, Compare):
+        return replace(expr, operands=new_kids)
+    return replace(expr, args=new_kids)

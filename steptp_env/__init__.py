@@ -1,0 +1,24 @@
+"""steptp_env: LLM- and RL-guided tensor program optimization as a measurable environment.
+
+The LEIR core (`Program`, `Signature`, `TensorSpec`) imports without TVM; `lower`, `build` and `verify`
+import TVM on first use, which takes a few seconds.
+"""
+from .errors import BuildError, LoweringError, ParseError, SignatureError, StepTPError
+from .ir import Program, Signature, TensorSpec
+
+__version__ = "0.1.0"
+
+_LAZY = {"lower": ("steptp_env.lower", "lower"), "build": ("steptp_env.measure", "build"),
+         "verify": ("steptp_env.measure", "verify"), "VerifyReport": ("steptp_env.measure", "VerifyReport")}
+
+__all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "SignatureError", "LoweringError",
+           "BuildError", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'steptp_env' has no attribute {name!r}")

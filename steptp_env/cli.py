@@ -1,0 +1,165 @@
+"""The `steptp` command."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import StepTPError
+from .ir import Program
+from .ir.analysis import carried_dependences, loop_iterations, reduction, scans
+from .ir.ast import all_loops, equations
+
+app = typer.Typer(help="steptp_env: LEIR programs, lowering to TVM, measurement.", no_args_is_help=True)
+leir_app = typer.Typer(help="Work with one LEIR program: parse, print, lower, run.", no_args_is_help=True)
+app.add_typer(leir_app, name="leir")
+console = Console()
+
+SOURCE_HELP = ("a JSON file with 'leir' and 'signature' (a row of the reference corpus), a file holding LEIR "
+               "text, or LEIR text itself")
+SIGNATURE_HELP = "the signature as JSON text or a JSON file: a list of {name, shape, dtype, role}"
+
+
+def load_program(source: str, signature: Optional[str]) -> Program:
+    """Read a program from a JSON row, a LEIR file or inline text (+ a signature)."""
+    path = Path(source)
+    text, sig = source, None
+    if len(source) < 4096 and path.is_file():
+        content = path.read_text()
+        if path.suffix == ".json" or content.lstrip().startswith("{"):
+            row = json.loads(content)
+            text, sig = row["leir"], row.get("signature")
+        else:
+            text = content.strip()
+    if signature is not None:
+        sig_path = Path(signature)
+        sig = sig_path.read_text() if len(signature) < 4096 and sig_path.is_file() else signature
+    if sig is None:
+        raise typer.BadParameter("no signature: give --signature or a JSON file with one")
+    return Program.parse(text, sig)
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2)
+
+
+@leir_app.command("parse")
+def leir_parse(source: str = typer.Argument(..., help=SOURCE_HELP),
+               signature: Optional[str] = typer.Option(None, "--signature", "-s", help=SIGNATURE_HELP)) -> None:
+    """Parse and check a program; print its tensors and nests."""
+    try:
+        program = load_program(source, signature)
+    except StepTPError as exc:
+        _fail(exc)
+    tensors = Table(title="tensors")
+    for col in ("name", "role", "shape", "dtype", "scope"):
+        tensors.add_column(col)
+    for info in program.tensors.values():
+        tensors.add_row(info.name, info.role, str(info.shape), info.dtype, info.scope)
+    console.print(tensors)
+    nests = Table(title=f"{len(program.nests)} nests, {loop_iterations(program.nests):,} loop iterations")
+    for col in ("#", "loops", "equations", "reductions / scans", "carried dependences"):
+        nests.add_column(col)
+    for n, nest in enumerate(program.nests):
+        eqs = list(equations(nest))
+        notes = []
+        for loops, eq in eqs:
+            red = reduction(loops, eq)
+            if red:
+                notes.append(f"{eq.lhs.name}: {red.op} over {','.join(red.reduced_vars)}")
+            notes += [f"{s.tensor}: scan along {s.var}" for s in scans(loops, eq)]
+        loops_text = " ".join(f"{l.kind}{l.var}:{l.extent}" for l in all_loops(nest))
+        carried = carried_dependences(nest)
+        nests.add_row(str(n), loops_text, str(len(eqs)), "; ".join(notes) or "-",
+                      ", ".join(sorted(carried)) or "-")
+    console.print(nests)
+
+
+@leir_app.command("print")
+def leir_print(source: str = typer.Argument(..., help=SOURCE_HELP),
+               signature: Optional[str] = typer.Option(None, "--signature", "-s", help=SIGNATURE_HELP)) -> None:
+    """Print the canonical LEIR text."""
+    try:
+        program = load_program(source, signature)
+    except StepTPError as exc:
+        _fail(exc)
+    print(program.leir)
+
+
+@leir_app.command("lower")
+def leir_lower(source: str = typer.Argument(..., help=SOURCE_HELP),
+               signature: Optional[str] = typer.Option(None, "--signature", "-s", help=SIGNATURE_HELP),
+               target: str = typer.Option("llvm", help="llvm or cuda")) -> None:
+    """Print the TVMScript of the lowered module."""
+    from .lower import lower
+
+    try:
+        print(lower(load_program(source, signature), target).script())
+    except StepTPError as exc:
+        _fail(exc)
+
+
+@leir_app.command("run")
+def leir_run(source: str = typer.Argument(..., help=SOURCE_HELP),
+             signature: Optional[str] = typer.Option(None, "--signature", "-s", help=SIGNATURE_HELP),
+             seed: int = typer.Option(0, help="seed of the random inputs"),
+             repeat: int = typer.Option(5, help="timed repeats (median reported)")) -> None:
+    """Build for the CPU, run on seeded random inputs and print the runtime and output summary."""
+    from .measure import build, random_inputs
+
+    try:
+        program = load_program(source, signature)
+        kernel = build(program, "llvm")
+        inputs = random_inputs(program, seed)
+        outputs = kernel(inputs)
+        times = kernel.time(inputs, number=1, repeat=repeat)
+    except StepTPError as exc:
+        _fail(exc)
+    table = Table(title=f"median {statistics.median(times) * 1e3:.3f} ms over {repeat} runs "
+                        f"({_threads()} thread(s), load {os.getloadavg()[0]:.2f})")
+    for col in ("output", "shape", "dtype", "mean", "min", "max"):
+        table.add_column(col)
+    for name, value in outputs.items():
+        v = value.astype("float64")
+        table.add_row(name, str(value.shape), str(value.dtype), f"{v.mean():.6g}", f"{v.min():.6g}", f"{v.max():.6g}")
+    console.print(table)
+
+
+def _threads() -> str:
+    return os.environ.get("TVM_NUM_THREADS", "default")
+
+
+@app.command("demo")
+def demo(repeat: int = typer.Option(5, help="timed repeats per program")) -> None:
+    """Run the built-in LEIR examples end to end: parse, lower, build, verify against NumPy, time."""
+    from .examples import EXAMPLES
+    from .measure import build, random_inputs, verify
+
+    table = Table(title="built-in LEIR examples (CPU, float32)")
+    for col in ("example", "nests", "LEIR chars", "TVMScript chars", "verified", "max rel err", "median ms"):
+        table.add_column(col)
+    failures = 0
+    for example in EXAMPLES:
+        program = Program.parse(example.leir, example.signature)
+        kernel = build(program, "llvm")
+        report = verify(program, example.reference, trials=3, seed=0, kernel=kernel)
+        times = kernel.time(random_inputs(program, 0), repeat=repeat)
+        failures += not report.equivalent
+        table.add_row(example.name, str(len(program.nests)), str(len(program.leir)),
+                      str(len(kernel.module.script())), "yes" if report.equivalent else f"NO: {report.reason}",
+                      f"{report.max_rel_err:.2e}", f"{statistics.median(times) * 1e3:.3f}")
+    console.print(table)
+    console.print(f"threads: {_threads()}, load average {os.getloadavg()[0]:.2f}")
+    if failures:
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Recorded trajectories and datasets; for now, reading the Step-TP reference corpus."""

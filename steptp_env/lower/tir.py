@@ -1,0 +1,391 @@
+"""LEIR -> TVM TIR (s_tir blocks), built directly with TVM's IR builder.
+
+One PrimFunc `main` per program: signature tensors are its parameters in signature order, intermediates
+are buffers allocated at the root. Every equation becomes one `sblock` under the loops that enclose it;
+a block iter var is spatial when the target's subscript mentions it and reduce otherwise. The
+semantics implemented here are those of docs/leir.md: reductions start from their identity through
+`T.init()` (whatever the subscript looks like), fresh accumulations read the identity instead of the
+stored value, and lagging reads of a scan's own target are guarded so that the first element reads
+the identity. Building objects directly costs about a millisecond, against tens of milliseconds for
+printing and re-parsing TVMScript (numbers in docs/lowering.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+import tvm
+from tvm import tirx
+from tvm.ir.expr import Expr as PrimExpr
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from ..errors import LoweringError
+from ..ir.analysis import accumulation, index_range, reduction, reduction_identity, scan_operator
+from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
+                      free_vars)
+from ..ir.dtypes import float_rank, is_float
+from ..ir.program import Program
+
+GPU_AXES = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
+            "bx": "blockIdx.x", "by": "blockIdx.y", "bz": "blockIdx.z"}
+"""Prefix of a `B` loop's variable name -> the CUDA axis it binds (`tx`, `bxc`, `tya`, ...)."""
+
+LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
+"""On CPU a `local` intermediate lives on the stack; larger ones stay global so deep copies cannot
+overflow it. The choice never changes results."""
+
+
+@dataclass(frozen=True)
+class _Lit:
+    """A literal (or a literal-only subexpression folded in Python) that has not been given a type yet."""
+
+    value: Union[int, float]
+
+
+_Value = Union[_Lit, PrimExpr]
+
+
+def target_kind(target: str | tvm.target.Target) -> str:
+    kind = target if isinstance(target, str) else target.kind.name
+    kind = kind.split()[0]
+    if kind not in ("llvm", "cuda"):
+        raise LoweringError(f"unsupported target {kind!r}: steptp_env lowers to 'llvm' (CPU) and 'cuda'")
+    return kind
+
+
+def lower(program: Program, target: str | tvm.target.Target = "llvm") -> tvm.IRModule:
+    """Lower a program to an IRModule holding one PrimFunc `main`; deterministic for a given program."""
+    kind = target_kind(target)
+    try:
+        func = _FunctionBuilder(program, kind).build()
+    except LoweringError:
+        raise
+    except Exception as exc:  # TVM's IR builder raises several error types
+        raise LoweringError(f"TVM rejected the lowered program: {exc}") from exc
+    return tvm.IRModule({"main": func})
+
+
+class _FunctionBuilder:
+    def __init__(self, program: Program, kind: str) -> None:
+        self.program = program
+        self.kind = kind
+        self.buffers: dict[str, tirx.Buffer] = {}
+        self.iter_vars: dict[str, tirx.Var] = {}
+        self.written: set[str] = set()
+
+    # -- function and buffers ------------------------------------------------------------------------
+    def build(self) -> tirx.PrimFunc:
+        with IRBuilder() as ib:
+            with T.prim_func(s_tir=True):
+                T.func_name("main")
+                T.func_attr({"tirx.noalias": True})
+                for spec in self.program.signature.tensors:
+                    buf = T.arg(spec.name, T.buffer(spec.shape, spec.dtype))
+                    self.buffers[spec.name] = buf
+                for name, info in self.program.intermediates.items():
+                    buf = T.alloc_buffer(info.shape, info.dtype, scope=self._scope(info))
+                    IRBuilder.name(name, buf)
+                    self.buffers[name] = buf
+                for n, nest in enumerate(self.program.nests):
+                    self._nest(n, nest, (), [0])
+        return ib.get()
+
+    def _scope(self, info) -> str:
+        if self.kind == "cuda":
+            return {"g": "global", "s": "shared", "l": "local"}[info.scope]
+        if info.scope == "l":
+            size = math.prod(info.shape) * tvm.DataType(info.dtype).bits // 8
+            if size <= LOCAL_SCOPE_LIMIT_BYTES:
+                return "local"
+        return "global"
+
+    # -- loops ---------------------------------------------------------------------------------------
+    def _nest(self, n: int, nest: Nest, outer: tuple[Loop, ...], counter: list[int]) -> None:
+        if self.kind == "cuda" and not outer and not any(l.kind == "B" for l in nest.loops):
+            # A nest that binds no GPU axis still has to run on the device: give it a 1x1 launch.
+            with T.thread_binding(0, 1, thread="blockIdx.x"):
+                self._loops(n, nest, outer, 0, counter)
+        else:
+            self._loops(n, nest, outer, 0, counter)
+
+    def _loops(self, n: int, nest: Nest, outer: tuple[Loop, ...], depth: int, counter: list[int]) -> None:
+        loops = outer + nest.loops[:depth]
+        if depth == len(nest.loops):
+            for stmt in nest.body:
+                if isinstance(stmt, Nest):
+                    self._nest(n, stmt, loops, counter)
+                else:
+                    self._equation(n, counter, loops, stmt)
+            return
+        loop = nest.loops[depth]
+        with self._for(loop, loops) as var:
+            IRBuilder.name(loop.var, var)
+            self.iter_vars[loop.var] = var
+            self._loops(n, nest, outer, depth + 1, counter)
+        del self.iter_vars[loop.var]
+
+    def _for(self, loop: Loop, enclosing: tuple[Loop, ...]):
+        kind = loop.kind
+        if self.kind == "llvm":
+            if kind == "P" and any(l.kind == "P" for l in enclosing):
+                return T.serial(0, loop.extent)  # TVM's CPU runtime has no nested parallelism
+            return {"L": T.serial, "B": T.serial, "P": T.parallel, "V": T.vectorized,
+                    "U": T.unroll}[kind](0, loop.extent)
+        if kind == "B":
+            axis = GPU_AXES.get(loop.var[:2])
+            if axis is None:
+                raise LoweringError(f"bound loop variable {loop.var!r} names no GPU axis (tx ty tz bx by bz)")
+            taken = [GPU_AXES.get(l.var[:2]) for l in enclosing if l.kind == "B"]
+            if axis in taken:
+                raise LoweringError(f"GPU axis {axis} is bound twice around loop {loop.var!r}")
+            return T.thread_binding(0, loop.extent, thread=axis)
+        if kind == "V" and loop.extent in (2, 4):
+            return T.vectorized(0, loop.extent)
+        if kind in ("V", "U"):
+            return T.unroll(0, loop.extent)
+        return T.serial(0, loop.extent)
+
+    # -- equations -----------------------------------------------------------------------------------
+    def _equation(self, n: int, counter: list[int], loops: tuple[Loop, ...], eq: Equation) -> None:
+        name = f"{eq.lhs.name}_n{n}_e{counter[0]}"
+        counter[0] += 1
+        target = self.buffers[eq.lhs.name]
+        written = set()
+        for index in eq.lhs.indices:
+            written.update(free_vars(index))
+        red = reduction(loops, eq)
+        acc = accumulation(eq)
+        identity = reduction_identity(acc[0] if acc else scan_operator(eq), target.dtype)
+        fresh = acc is not None and red is None and eq.lhs.name not in self.written
+        with T.sblock(name):
+            saved = dict(self.iter_vars)
+            for loop in loops:
+                axis = T.axis.spatial if loop.var in written else T.axis.reduce
+                v = axis(loop.extent, self.iter_vars[loop.var])
+                IRBuilder.name(f"v_{loop.var}", v)
+                self.iter_vars[loop.var] = v
+            lowering = _ExprLowering(self, eq, loops, identity, fresh)
+            indices = [lowering.index(i) for i in eq.lhs.indices]
+            if red is not None:
+                with T.init():
+                    T.buffer_store(target, lowering.typed(_Lit(identity), target.dtype), indices)
+            value = lowering.typed(lowering.value(eq.rhs), target.dtype)
+            T.buffer_store(target, value, indices)
+            self.iter_vars = saved
+        self.written.add(eq.lhs.name)
+
+
+def _dt(expr: PrimExpr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _cast(expr: PrimExpr, dtype: str) -> PrimExpr:
+    return expr if _dt(expr) == dtype else tirx.Cast(dtype, expr)
+
+
+def _imm(value: Union[int, float, bool], dtype: str) -> PrimExpr:
+    if dtype == "bool":
+        return tirx.IntImm("bool", int(bool(value)))
+    if is_float(dtype):
+        return tirx.FloatImm(dtype, float(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise LoweringError(f"{value} cannot be stored in {dtype}")
+        value = int(value)
+    return tirx.IntImm(dtype, value)
+
+
+def _common(a: str, b: str) -> str:
+    """The dtype both operands of a binary operation are converted to (NumPy-like promotion)."""
+    if is_float(a) or is_float(b):
+        return a if float_rank(a) >= float_rank(b) else b
+    bits = max(tvm.DataType(a).bits if a != "bool" else 32, tvm.DataType(b).bits if b != "bool" else 32)
+    return f"int{max(bits, 32)}"
+
+
+class _ExprLowering:
+    """Typed lowering of one equation's expressions inside its block."""
+
+    def __init__(self, fb: _FunctionBuilder, eq: Equation, loops, self_identity, fresh: bool) -> None:
+        self.fb = fb
+        self.eq = eq
+        self.bounds = {l.var: l.extent for l in loops}
+        self.self_identity = self_identity
+        self.fresh = fresh
+        target = fb.buffers[eq.lhs.name].dtype
+        self.float_default = target if is_float(target) else "float64"
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def typed(self, v: _Value, dtype: str) -> PrimExpr:
+        return _imm(v.value, dtype) if isinstance(v, _Lit) else _cast(v, dtype)
+
+    def materialize(self, v: _Value) -> PrimExpr:
+        if isinstance(v, _Lit):
+            if isinstance(v.value, float):
+                return _imm(v.value, self.float_default)
+            return _imm(v.value, "int64" if abs(v.value) >= 2 ** 31 else "int32")
+        return v
+
+    def unify(self, a: _Value, b: _Value) -> tuple[PrimExpr, PrimExpr]:
+        """Give both operands one dtype: a literal adopts the other side's type, else NumPy-like promotion."""
+        if isinstance(a, _Lit) and isinstance(b, _Lit):
+            a, b = self.materialize(a), self.materialize(b)
+        elif isinstance(a, _Lit):
+            a = self._adopt(a, _dt(b))
+        elif isinstance(b, _Lit):
+            b = self._adopt(b, _dt(a))
+        dtype = _common(_dt(a), _dt(b))
+        return _cast(a, dtype), _cast(b, dtype)
+
+    def _adopt(self, lit: _Lit, dtype: str) -> PrimExpr:
+        if isinstance(lit.value, float) and not is_float(dtype):
+            return _imm(lit.value, self.float_default)
+        return _imm(lit.value, "int32" if dtype == "bool" else dtype)
+
+    def as_float(self, v: _Value) -> PrimExpr:
+        e = self.materialize(v)
+        return e if is_float(_dt(e)) else _cast(e, self.float_default)
+
+    def as_bool(self, v: _Value) -> PrimExpr:
+        e = self.materialize(v)
+        return e if _dt(e) == "bool" else tirx.NE(e, _imm(0, _dt(e)))
+
+    # -- indices -------------------------------------------------------------------------------------
+    def index(self, expr: Expr) -> PrimExpr:
+        v = self.value(expr)
+        e = self.materialize(v)
+        if is_float(_dt(e)) or _dt(e) == "bool":
+            raise LoweringError(f"subscript {expr} of {self.eq.lhs.name} is not an integer")
+        return _cast(e, "int32") if _dt(e) != "int64" else e
+
+    # -- values --------------------------------------------------------------------------------------
+    def value(self, expr: Expr) -> _Value:
+        if isinstance(expr, Const):
+            return _Lit(expr.value)
+        if isinstance(expr, Var):
+            return self.fb.iter_vars[expr.name]
+        if isinstance(expr, Access):
+            return self.load(expr)
+        if isinstance(expr, Neg):
+            inner = self.value(expr.operand)
+            if isinstance(inner, _Lit):
+                return _Lit(-inner.value)
+            return tirx.Sub(_imm(0, _dt(inner)), inner) if _dt(inner) != "bool" else -_cast(inner, "int32")
+        if isinstance(expr, BinOp):
+            return self.binop(expr)
+        if isinstance(expr, Compare):
+            return self.compare(expr)
+        if isinstance(expr, And):
+            return tirx.And(self.as_bool(self.value(expr.lhs)), self.as_bool(self.value(expr.rhs)))
+        if isinstance(expr, Call):
+            return self.call(expr)
+        raise LoweringError(f"cannot lower {expr!r}")
+
+    def load(self, acc: Access) -> _Value:
+        eq = self.eq
+        if acc.name == eq.lhs.name and acc == eq.lhs and self.fresh:
+            return _Lit(self.self_identity)
+        buf = self.fb.buffers[acc.name]
+        indices = [self.index(i) for i in acc.indices]
+        load = tirx.BufferLoad(buf, indices)
+        if acc.name == eq.lhs.name and acc != eq.lhs:
+            load = self._guard_lagging_read(acc, buf, indices, load)
+        return _cast(load, acc.dtype)
+
+    def _guard_lagging_read(self, acc: Access, buf, indices, load) -> PrimExpr:
+        """A scan reads its own target at an earlier element; before the start it reads the identity."""
+        conds = []
+        for dim, (expr, idx) in enumerate(zip(acc.indices, indices)):
+            rng = index_range(expr, self.bounds)
+            extent = int(buf.shape[dim])
+            if rng is None or rng[0] < 0:
+                conds.append(tirx.GE(idx, _imm(0, _dt(idx))))
+            if rng is None or rng[1] >= extent:
+                conds.append(tirx.LT(idx, _imm(extent, _dt(idx))))
+        if not conds:
+            return load
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = tirx.And(cond, c)
+        return tirx.if_then_else(cond, load, _imm(self.self_identity, buf.dtype))
+
+    def binop(self, expr: BinOp) -> _Value:
+        a, b = self.value(expr.lhs), self.value(expr.rhs)
+        op = expr.op
+        if isinstance(a, _Lit) and isinstance(b, _Lit):
+            return _Lit(_fold(op, a.value, b.value))
+        if op == "/":
+            a, b = self.unify(a, b)
+            if not is_float(_dt(a)):
+                a, b = _cast(a, self.float_default), _cast(b, self.float_default)
+            return tirx.Div(a, b)
+        if op == "**":
+            if isinstance(b, _Lit) and b.value == 2:
+                x = self.materialize(a)
+                return tirx.Mul(x, x)
+            a, b = self.unify(a, b)
+            if not is_float(_dt(a)):
+                a, b = _cast(a, self.float_default), _cast(b, self.float_default)
+            return tirx.power(a, b)
+        a, b = self.unify(a, b)
+        if _dt(a) == "bool":
+            a, b = _cast(a, "int32"), _cast(b, "int32")
+        if op == "+":
+            return tirx.Add(a, b)
+        if op == "-":
+            return tirx.Sub(a, b)
+        if op == "*":
+            return tirx.Mul(a, b)
+        if is_float(_dt(a)):
+            quotient = tirx.floor(tirx.Div(a, b))
+            return quotient if op == "//" else tirx.Sub(a, tirx.Mul(quotient, b))
+        return tirx.floordiv(a, b) if op == "//" else tirx.floormod(a, b)
+
+    def compare(self, expr: Compare) -> _Value:
+        values = [self.value(o) for o in expr.operands]
+        result = None
+        for op, left, right in zip(expr.ops, values, values[1:]):
+            if isinstance(left, _Lit) and isinstance(right, _Lit):
+                cond = _imm(_fold(op, left.value, right.value), "bool")
+            else:
+                l, r = self.unify(left, right)
+                cond = {"<": tirx.LT, "<=": tirx.LE, ">": tirx.GT, ">=": tirx.GE, "==": tirx.EQ,
+                        "!=": tirx.NE}[op](l, r)
+            result = cond if result is None else tirx.And(result, cond)
+        return result
+
+    def call(self, expr: Call) -> _Value:
+        args = [self.value(a) for a in expr.args]
+        f = expr.func
+        if f == "if_then_else":
+            cond = self.as_bool(args[0])
+            then, other = self.unify(args[1], args[2])
+            return tirx.if_then_else(cond, then, other)
+        if all(isinstance(a, _Lit) for a in args):
+            return _Lit(_fold(f, *(a.value for a in args)))
+        if f in ("max", "min"):
+            a, b = self.unify(args[0], args[1])
+            return tirx.max(a, b) if f == "max" else tirx.min(a, b)
+        if f == "abs":
+            return tirx.abs(self.materialize(args[0]))
+        return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](self.as_float(args[0]))
+
+
+def _fold(op: str, *values):
+    """Evaluate an operator on literals exactly as Python would."""
+    a = values[0]
+    b = values[1] if len(values) > 1 else None
+    try:
+        return {
+            "+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b,
+            "//": lambda: a // b, "%": lambda: a % b, "**": lambda: a ** b,
+            "<": lambda: a < b, "<=": lambda: a <= b, ">": lambda: a > b, ">=": lambda: a >= b,
+            "==": lambda: a == b, "!=": lambda: a != b,
+            "max": lambda: max(a, b), "min": lambda: min(a, b), "abs": lambda: abs(a),
+            "exp": lambda: math.exp(a), "log": lambda: math.log(a), "sqrt": lambda: math.sqrt(a),
+            "erf": lambda: math.erf(a),
+        }[op]()
+    except (ZeroDivisionError, ValueError, OverflowError) as exc:
+        raise LoweringError(f"constant expression {op}{values} cannot be evaluated: {exc}") from None

@@ -1,0 +1,87 @@
+"""Compile a LEIR program with TVM and run it on NumPy arrays."""
+from __future__ import annotations
+
+import functools
+from typing import Mapping
+
+import numpy as np
+import tvm
+
+from ..errors import BuildError, StepTPError
+from ..ir.program import Program
+from ..lower import lower, target_kind
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_target(kind: str) -> tvm.target.Target:
+    """The TVM target for a kind: the host CPU as TVM detects it (never `-mcpu=native`, which TVM 0.27
+    turns into generic code), or CUDA with that CPU as host."""
+    host = tvm.target.Target.from_device(tvm.cpu())
+    if kind == "llvm":
+        return host
+    return tvm.target.Target("cuda", host=host)
+
+
+class Kernel:
+    """A compiled program: call it with a mapping of input arrays, get a dict of output arrays."""
+
+    def __init__(self, program: Program, module: tvm.IRModule, executable, kind: str) -> None:
+        self.program = program
+        self.module = module
+        self.executable = executable
+        self.kind = kind
+        self.device = tvm.cpu() if kind == "llvm" else tvm.cuda()
+
+    def _arguments(self, inputs: Mapping[str, np.ndarray]) -> list:
+        args = []
+        for spec in self.program.signature.tensors:
+            if spec.role == "output":
+                args.append(tvm.runtime.empty(spec.shape, spec.dtype, self.device))
+                continue
+            if spec.name not in inputs:
+                raise StepTPError(f"missing input {spec.name!r}")
+            array = np.array(inputs[spec.name], dtype=spec.dtype, order="C")  # a copy, 0-d stays 0-d
+            if array.shape != spec.shape:
+                raise StepTPError(f"input {spec.name!r} has shape {array.shape}, the signature says {spec.shape}")
+            args.append(tvm.runtime.tensor(array, self.device))
+        return args
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Run once on copies of `inputs`; return (outputs, inputs as the kernel left them)."""
+        args = self._arguments(inputs)
+        self.executable["main"](*args)
+        outs, ins = {}, {}
+        for spec, arg in zip(self.program.signature.tensors, args):
+            (outs if spec.role == "output" else ins)[spec.name] = arg.numpy()
+        return outs, ins
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(inputs)[0]
+
+    def time(self, inputs: Mapping[str, np.ndarray], number: int = 1, repeat: int = 5) -> list[float]:
+        """Seconds per run, one entry per repeat (TVM's time_evaluator; one warm-up run first)."""
+        args = self._arguments(inputs)
+        evaluator = self.executable.mod.time_evaluator("main", self.device, number=number, repeat=repeat,
+                                                       min_repeat_ms=0)
+        self.executable["main"](*args)
+        return list(evaluator(*args).results)
+
+    @property
+    def source(self) -> str:
+        """Generated device source: CUDA C for `cuda`, LLVM IR for `llvm`."""
+        mod = self.executable.mod
+        if self.kind == "cuda":
+            return mod.imports[0].inspect_source()
+        return mod.inspect_source("ll")
+
+
+def build(program: Program, target: str = "llvm") -> Kernel:
+    """Lower and compile; `BuildError` when TVM cannot compile the lowered module. A `cuda` kernel can be
+    built (and its source read) on a machine without a GPU; running it needs one."""
+    kind = target_kind(target)
+    module = lower(program, kind)
+    try:
+        executable = tvm.compile(module, target=resolve_target(kind))
+    except Exception as exc:  # TVM raises many error types from its passes and code generators
+        raise BuildError(f"TVM could not compile the program for {kind}: {str(exc).strip()[-2000:]}") from exc
+    return Kernel(program, module, executable, kind)

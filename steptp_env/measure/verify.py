@@ -1,0 +1,145 @@
+"""Numeric equivalence of a program with a reference (a NumPy callable, another program, or a workload).
+
+A wrong program is a result, not an exception: `verify` returns a `VerifyReport` saying why it failed.
+Tolerances are defined in `tolerance.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+import numpy as np
+
+from ..errors import StepTPError
+from ..ir.analysis import reduction_length
+from ..ir.dtypes import is_float
+from ..ir.program import Program
+from .build import Kernel, build
+from .inputs import random_inputs
+from .tolerance import relative_tolerance
+
+Reference = Union[Program, Callable[[dict[str, np.ndarray]], Any], Any]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of comparing a program with its reference over several random input draws."""
+
+    equivalent: bool
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    first_mismatch: tuple[str, tuple[int, ...]] | None = None
+    reason: str = ""
+    trials: int = 0
+    rtol: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"equivalent": self.equivalent, "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err,
+                "first_mismatch": None if self.first_mismatch is None else [self.first_mismatch[0],
+                                                                            list(self.first_mismatch[1])],
+                "reason": self.reason, "trials": self.trials, "rtol": dict(self.rtol)}
+
+
+def _reference_runner(program: Program, reference: Reference, target: str):
+    """(make_inputs(seed), run(inputs) -> outputs by name, reduction length of the reference)."""
+    if isinstance(reference, Program):
+        kernel = build(reference, target)
+        return (lambda seed: random_inputs(program, seed)), kernel, reduction_length(reference.nests)
+    if hasattr(reference, "reference") and hasattr(reference, "make_inputs"):  # a Workload
+        return reference.make_inputs, _named(program, reference.reference), reduction_length(reference.program.nests)
+    if callable(reference):
+        return (lambda seed: random_inputs(program, seed)), _named(program, reference), 1
+    raise StepTPError(f"cannot verify against {type(reference).__name__}: pass a Program, a workload or a callable")
+
+
+def _named(program: Program, fn: Callable) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    names = [s.name for s in program.signature.outputs]
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = fn({k: v.copy() for k, v in inputs.items()})
+        if isinstance(result, Mapping):
+            return {n: np.asarray(result[n]) for n in names}
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        if len(result) != len(names):
+            raise StepTPError(f"the reference returned {len(result)} outputs, the program has {len(names)}")
+        return {n: np.asarray(r) for n, r in zip(names, result)}
+
+    return run
+
+
+def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 0, target: str = "llvm",
+           kernel: Kernel | None = None) -> VerifyReport:
+    """Run `program` and `reference` on `trials` fresh seeded input draws and compare every output.
+
+    Each run gets its own copies of the inputs, so a kernel that writes an input cannot affect the other
+    side, and is caught: its inputs are compared with the originals after the run.
+    """
+    kernel = kernel or build(program, target)
+    make_inputs, run_reference, ref_length = _reference_runner(program, reference, target)
+    length = max(reduction_length(program.nests), ref_length)
+    rtols = {s.name: relative_tolerance(s.dtype, length) for s in program.signature.outputs}
+    worst_abs = worst_rel = 0.0
+    for trial in range(trials):
+        inputs = make_inputs(seed * 1000 + trial)
+        outputs, left = kernel.run(inputs)
+        for name, before in inputs.items():
+            if name in left and not _same(before, left[name]):
+                return VerifyReport(False, reason=f"the kernel modified its input {name}", trials=trial + 1,
+                                    rtol=rtols)
+        expected = run_reference(inputs)
+        for spec in program.signature.outputs:
+            verdict = compare(outputs[spec.name], expected[spec.name], rtols[spec.name])
+            worst_abs, worst_rel = max(worst_abs, verdict.max_abs_err), max(worst_rel, verdict.max_rel_err)
+            if not verdict.equivalent:
+                mismatch = (spec.name, verdict.first_mismatch[1]) if verdict.first_mismatch else None
+                return VerifyReport(False, worst_abs, worst_rel, mismatch,
+                                    f"output {spec.name}, trial {trial}: {verdict.reason}", trial + 1, rtols)
+    return VerifyReport(True, worst_abs, worst_rel, None, "", trials, rtols)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=is_float(str(a.dtype))))
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyReport:
+    """Compare one output with its expected value under the rule in `tolerance.py`."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    if actual.shape != expected.shape:
+        if actual.size == expected.size:
+            expected = expected.reshape(actual.shape)
+        else:
+            return VerifyReport(False, reason=f"shape {actual.shape} differs from the reference's {expected.shape}")
+    if not is_float(str(actual.dtype)):
+        bad = actual != expected.astype(actual.dtype)
+        if bad.any():
+            return VerifyReport(False, 0.0, 0.0, ("", _first(bad)), f"{int(bad.sum())} integer element(s) differ")
+        return VerifyReport(True)
+    a = actual.astype(np.float64)
+    e = expected.astype(np.float64)
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    inf_a, inf_e = np.isinf(a), np.isinf(e)
+    special = nan_a | nan_e | inf_a | inf_e
+    bad_special = (nan_a != nan_e) | ((inf_a | inf_e) & ~(nan_a | nan_e) & (a != e))
+    if bad_special.any():
+        return VerifyReport(False, float("inf"), float("inf"), ("", _first(bad_special)),
+                            f"{int(bad_special.sum())} NaN/inf position(s) differ")
+    finite = ~special
+    diff = np.where(finite, np.abs(a - e), 0.0)
+    magnitude = np.abs(np.where(finite, e, 0.0))
+    scale = float(magnitude.sum() / max(1, int(finite.sum())))
+    allowed = rtol * (magnitude + scale)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float((diff / np.maximum(magnitude, np.finfo(np.float64).tiny)).max()) if diff.size else 0.0
+    bad = diff > allowed
+    if bad.any():
+        where = _first(bad)
+        return VerifyReport(False, max_abs, max_rel, ("", where),
+                            f"{int(bad.sum())} element(s) off; at {where}: {a[where]!r} vs {e[where]!r} "
+                            f"(allowed {float(allowed[where]):.3g})")
+    return VerifyReport(True, max_abs, max_rel)
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape)) if mask.ndim else ()

@@ -1,0 +1,43 @@
+"""The `steptp leir` commands on a reference row, a LEIR string with a signature, and bad input."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from steptp_env.cli import app
+
+runner = CliRunner()
+SIG = json.dumps([{"name": "A", "shape": [4, 8], "dtype": "float32", "role": "input"},
+                  {"name": "C", "shape": [4], "dtype": "float32", "role": "output"}])
+TEXT = "L^{4}_{a=0}L^{8}_{c=0}[C^{f32,g}_{a}=max(C^{f32,g}_{a},A^{f32,g}_{a,c});];"
+
+
+def test_print_parse_lower_run_on_inline_text():
+    printed = runner.invoke(app, ["leir", "print", TEXT, "-s", SIG])
+    assert printed.exit_code == 0 and printed.stdout.strip() == TEXT
+    parsed = runner.invoke(app, ["leir", "parse", TEXT, "-s", SIG])
+    assert parsed.exit_code == 0 and "max over c" in parsed.stdout
+    lowered = runner.invoke(app, ["leir", "lower", TEXT, "-s", SIG])
+    assert lowered.exit_code == 0 and "T.sblock" in lowered.stdout and "T.init()" in lowered.stdout
+    cuda = runner.invoke(app, ["leir", "lower", TEXT, "-s", SIG, "--target", "cuda"])
+    assert cuda.exit_code == 0 and "blockIdx.x" in cuda.stdout
+    ran = runner.invoke(app, ["leir", "run", TEXT, "-s", SIG, "--repeat", "2"])
+    assert ran.exit_code == 0 and "median" in ran.stdout and "(4,)" in ran.stdout
+
+
+def test_reference_row_file(tmp_path, ref_programs):
+    row = next(r for r in ref_programs if r["model_name"] == "softmax")
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps(row))
+    result = runner.invoke(app, ["leir", "print", str(path)])
+    assert result.exit_code == 0 and result.stdout.strip() == row["leir"]
+
+
+def test_bad_input_gives_a_clear_error_and_exit_code_2():
+    broken = runner.invoke(app, ["leir", "parse", TEXT.replace("f32,g}_{a,c}", "f33,g}_{a,c}"), "-s", SIG])
+    assert broken.exit_code == 2 and "unknown dtype code 'f33'" in broken.stdout
+    wrong_rank = runner.invoke(app, ["leir", "parse", TEXT.replace("A^{f32,g}_{a,c}", "A^{f32,g}_{a}"), "-s", SIG])
+    assert wrong_rank.exit_code == 2 and "rank-mismatch" in wrong_rank.stdout
+    no_sig = runner.invoke(app, ["leir", "parse", TEXT])
+    assert no_sig.exit_code != 0

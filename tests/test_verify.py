@@ -1,0 +1,91 @@
+"""verify: equivalent programs pass, wrong ones are results with a reason (never exceptions)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from steptp_env import Program, verify
+from steptp_env.measure import compare, random_inputs
+from steptp_env.measure.inputs import index_bounds
+from steptp_env.measure.tolerance import relative_tolerance
+
+
+def sig(*specs):
+    return [{"name": n, "shape": list(s), "dtype": d, "role": r} for n, s, d, r in specs]
+
+
+MATMUL_SIG = sig(("A", (8, 16), "float32", "input"), ("B", (16, 4), "float32", "input"),
+                 ("C", (8, 4), "float32", "output"))
+MATMUL = "L^{8}_{a=0}L^{4}_{c=0}L^{16}_{d=0}[C^{f32,g}_{a,c}=C^{f32,g}_{a,c}+A^{f32,g}_{a,d}*B^{f32,g}_{d,c};];"
+
+
+def matmul_reference(inputs):
+    return inputs["A"].astype(np.float64) @ inputs["B"]
+
+
+def test_equivalent_program_passes_against_a_callable():
+    report = verify(Program.parse(MATMUL, MATMUL_SIG), matmul_reference, trials=3, seed=0)
+    assert report.equivalent, report.reason
+    assert report.trials == 3 and 0 < report.max_abs_err < 1e-4
+
+
+def test_split_reduction_is_equivalent_to_the_original_program():
+    split = ("L^{8}_{a=0}L^{4}_{c=0}L^{8}_{d=0}[E^{f32,g}_{a,c}=E^{f32,g}_{a,c}+A^{f32,g}_{a,d}*B^{f32,g}_{d,c};];"
+             "L^{8}_{a=0}L^{4}_{c=0}L^{8}_{d=0}[F^{f32,g}_{a,c}=F^{f32,g}_{a,c}+A^{f32,g}_{a,d+8}*B^{f32,g}_{d+8,c};];"
+             "L^{8}_{a=0}L^{4}_{c=0}[C^{f32,g}_{a,c}=C^{f32,g}_{a,c}+(E^{f32,g}_{a,c}+F^{f32,g}_{a,c});];")
+    report = verify(Program.parse(split, MATMUL_SIG), Program.parse(MATMUL, MATMUL_SIG))
+    assert report.equivalent, report.reason
+
+
+@pytest.mark.parametrize("wrong, why", [
+    (MATMUL.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{d,0}"), "element"),  # a misplaced index
+    (MATMUL.replace("L^{16}_{d=0}", "L^{15}_{d=0}"), "element"),  # one term short
+    ("L^{8}_{a=0}L^{4}_{c=0}[C^{f32,g}_{a,c}=0.0*A^{f32,g}_{a,0};];", "element"),
+])
+def test_wrong_programs_are_reported_with_a_position(wrong, why):
+    report = verify(Program.parse(wrong, MATMUL_SIG), matmul_reference)
+    assert not report.equivalent and why in report.reason
+    assert report.first_mismatch is not None and report.first_mismatch[0] == "C"
+
+
+def test_nan_positions_must_match():
+    s = sig(("A", (6,), "float64", "input"), ("C", (6,), "float64", "output"))
+    log = Program.parse("L^{6}_{a=0}[C^{f64,g}_{a}=log(A^{f64,g}_{a});];", s)
+    with np.errstate(invalid="ignore"):
+        assert verify(log, lambda t: np.log(t["A"])).equivalent
+        report = verify(log, lambda t: np.log(np.abs(t["A"])))
+    assert not report.equivalent and "NaN" in report.reason
+
+
+def test_integer_outputs_must_be_equal():
+    s = sig(("A", (4, 5), "float64", "input"), ("C", (4,), "int64", "output"))
+    argmax = Program.parse("L^{4}_{a=0}L^{5}_{c=0}[D^{f64,g}_{a}=max(D^{f64,g}_{a},A^{f64,g}_{a,c});"
+                           "C^{i64,g}_{a}=0;];L^{4}_{a=0}L^{5}_{c=0}[C^{i64,g}_{a}=if_then_else("
+                           "A^{f64,g}_{a,c}>=D^{f64,g}_{a},c,C^{i64,g}_{a});];", s)
+    assert verify(argmax, lambda t: t["A"].argmax(1)).equivalent
+    assert not verify(argmax, lambda t: t["A"].argmin(1)).equivalent
+
+
+def test_tolerance_grows_with_dtype_and_reduction_length():
+    assert relative_tolerance("float64", 1) < relative_tolerance("float32", 1) < relative_tolerance("float16", 1)
+    assert relative_tolerance("float32", 4096) > relative_tolerance("float32", 16)
+    assert relative_tolerance("int64", 100) == 0.0
+    ok = compare(np.array([1.0, 2.0 + 1e-7]), np.array([1.0, 2.0]), relative_tolerance("float32", 1))
+    bad = compare(np.array([1.0, 2.01]), np.array([1.0, 2.0]), relative_tolerance("float32", 1))
+    assert ok.equivalent and not bad.equivalent and bad.first_mismatch[1] == (1,)
+
+
+def test_index_inputs_stay_inside_the_dimension_they_index():
+    s = sig(("A", (7, 5), "float64", "input"), ("T", (100,), "int64", "input"),
+            ("C", (100,), "float64", "output"))
+    gather = Program.parse("L^{100}_{a=0}[C^{f64,g}_{a}=A^{f64,g}_{T^{i64,g}_{a},4-T^{i64,g}_{a}+2};];", s)
+    assert index_bounds(gather)["T"] == (2, 6)
+    t = random_inputs(gather, 3)["T"]
+    assert t.min() >= 2 and t.max() <= 6
+    assert verify(gather, lambda x: x["A"][x["T"], 6 - x["T"]]).equivalent
+
+
+def test_random_inputs_are_seeded():
+    program = Program.parse(MATMUL, MATMUL_SIG)
+    a, b, c = random_inputs(program, 1), random_inputs(program, 1), random_inputs(program, 2)
+    assert np.array_equal(a["A"], b["A"]) and not np.array_equal(a["A"], c["A"])
