@@ -15,12 +15,19 @@ from .ast import (FUNCTIONS, LOOP_KINDS, SCOPES, Access, And, BinOp, Call, Compa
 from .dtypes import CODE_TO_DTYPE
 
 _TOKEN = re.compile(r"""
-    (?P<NUMBER>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)
+    (?P<NUMBER>[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)
   | (?P<IDENT>[A-Za-z][A-Za-z0-9_]*)
   | (?P<OP>\*\*|//|<=|>=|==|!=|\^\{|_\{|[-+*/%<>=&\[\](),;{}])
 """, re.VERBOSE)
 
 _COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+
+MAX_DEPTH = 64
+"""How deeply constructs may nest: every parenthesis, function call, subscript, unary minus, `**` exponent
+and inner loop nest opens one level. Deeper input is a `ParseError`, not a `RecursionError`. One level
+costs the parser up to 8 Python frames (a subscript passes through every precedence level), so 64 levels
+need about 520 frames and leave room under Python's default recursion limit of 1000 for a deep caller and
+for recursive passes over the tree. The reference corpus nests at most 8 levels."""
 
 
 def tokenize(text: str) -> list[tuple[str, str, int]]:
@@ -46,6 +53,7 @@ class _Parser:
         self.text = text
         self.tokens = tokenize(text)
         self.i = 0
+        self.depth = 0
 
     # -- token helpers -------------------------------------------------------------------------------
     def peek(self, ahead: int = 0) -> tuple[str, str, int]:
@@ -59,6 +67,16 @@ class _Parser:
         kind, text, pos = self.peek()
         found = "end of input" if kind == "EOF" else repr(text)
         return ParseError(f"expected {expected}, found {found}", pos, self.text)
+
+    def enter(self, what: str) -> None:
+        """Open one nesting level at the current token; `leave` closes it."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ParseError(f"{what} nested too deeply (more than {MAX_DEPTH} levels)", self.peek()[2],
+                             self.text)
+
+    def leave(self) -> None:
+        self.depth -= 1
 
     def expect(self, value: str) -> None:
         if not self.at(value):
@@ -91,6 +109,8 @@ class _Parser:
     def nest(self) -> Nest:
         loops, body = self.segment()
         while not self.at(";"):
+            if not (self.at("[") or (self.peek()[1] in LOOP_KINDS and self.at("^{", 1))):
+                raise self.fail("';' to end the nest, or the loops of a trailing inner nest")
             inner_loops, inner_body = self.segment()
             body.append(Nest(inner_loops, tuple(inner_body), trailing=True))
         self.expect(";")
@@ -102,16 +122,25 @@ class _Parser:
         while not self.at("["):
             loops.append(self.loop())
         self.expect("[")
-        body = [self.statement()]
+        body = [self.statement(first=True)]
         while not self.at("]"):
             body.append(self.statement())
         self.expect("]")
         return tuple(loops), body
 
-    def statement(self) -> Statement:
+    def at_loop(self) -> bool:
         kind, text, _ = self.peek()
-        if kind == "IDENT" and text in LOOP_KINDS and self.at("^{", 1) and self.peek(2)[0] == "NUMBER":
-            return self.nest()
+        return kind == "IDENT" and text in LOOP_KINDS and self.at("^{", 1) and self.peek(2)[0] == "NUMBER"
+
+    def statement(self, first: bool = False) -> Statement:
+        if self.at_loop():
+            self.enter("loop nests")
+            inner = self.nest()
+            self.leave()
+            return inner
+        if self.peek()[0] != "IDENT" or not self.at("^{", 1):
+            raise self.fail("an equation 'Name^{dtype,scope}...=...;' or an inner loop nest"
+                            + ("" if first else ", or ']'"))
         return self.equation()
 
     def loop(self) -> Loop:
@@ -156,12 +185,14 @@ class _Parser:
         self.expect("}")
         indices: list[Expr] = []
         if self.at("_{"):
+            self.enter("expression")
             self.i += 1
             indices.append(self.expr())
             while self.at(","):
                 self.i += 1
                 indices.append(self.expr())
             self.expect("}")
+            self.leave()
         return Access(name, CODE_TO_DTYPE[code], scope, tuple(indices))
 
     # -- expressions ---------------------------------------------------------------------------------
@@ -199,15 +230,21 @@ class _Parser:
 
     def unary(self) -> Expr:
         if self.at("-"):
+            self.enter("expression")
             self.i += 1
-            return Neg(self.unary())
+            node = Neg(self.unary())
+            self.leave()
+            return node
         return self.power()
 
     def power(self) -> Expr:
         base = self.atom()
         if self.at("**"):
+            self.enter("expression")
             self.i += 1
-            return BinOp("**", base, self.unary())
+            node = BinOp("**", base, self.unary())
+            self.leave()
+            return node
         return base
 
     def atom(self) -> Expr:
@@ -217,9 +254,11 @@ class _Parser:
             is_int = text.isdigit()
             return Const(int(text) if is_int else float(text), text)
         if self.at("("):
+            self.enter("expression")
             self.i += 1
             inner = self.expr()
             self.expect(")")
+            self.leave()
             return replace(inner, parens=inner.parens + 1)
         if kind != "IDENT":
             raise self.fail("an expression (number, tensor access, loop variable, function call or '(')")
@@ -228,6 +267,7 @@ class _Parser:
         if self.at("(", 1):
             if text not in FUNCTIONS:
                 raise ParseError(f"unknown function {text!r} (known: {', '.join(FUNCTIONS)})", pos, self.text)
+            self.enter("expression")
             self.i += 2
             args = [self.expr()]
             while self.at(","):
@@ -236,6 +276,7 @@ class _Parser:
             if len(args) != FUNCTIONS[text]:
                 raise ParseError(f"{text} takes {FUNCTIONS[text]} argument(s), got {len(args)}", pos, self.text)
             self.expect(")")
+            self.leave()
             return Call(text, tuple(args))
         self.i += 1
         if text == "inf":

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import operator
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Mapping
@@ -11,6 +13,8 @@ from .ast import Nest
 from .dtypes import CODE_TO_DTYPE
 from .parser import parse_nests
 from .printer import print_nests
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 ROLES = ("input", "param", "output")
 """`input`: data fed by the caller; `param`: a model parameter or constant (also fed by the caller);
@@ -27,6 +31,9 @@ class TensorSpec:
     role: str = "input"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise SignatureError("bad-signature", f"tensor name {self.name!r} is not a LEIR identifier",
+                                 self.name if isinstance(self.name, str) else None)
         if self.role not in ROLES:
             raise SignatureError("bad-signature", f"role {self.role!r} is not one of {ROLES}", self.name)
         if self.dtype not in CODE_TO_DTYPE.values():
@@ -36,11 +43,19 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
+        if not isinstance(data, Mapping):
+            raise SignatureError("bad-signature", f"a tensor spec must be a mapping, got {data!r}")
         try:
-            return cls(str(data["name"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]),
+            name, shape = data["name"], data["shape"]
+            if not isinstance(name, str):
+                raise TypeError(f"name {name!r} is not a string")
+            dims = () if isinstance(shape, (str, bytes)) else tuple(shape)
+            if isinstance(shape, (str, bytes)) or any(isinstance(d, bool) for d in dims):
+                raise TypeError(f"shape {shape!r} is not a sequence of integers")
+            return cls(name, tuple(operator.index(d) for d in dims), str(data["dtype"]),
                        str(data.get("role", "input")))
         except (KeyError, TypeError, ValueError) as exc:
-            raise SignatureError("bad-signature", f"malformed tensor spec {dict(data)!r}: {exc}") from None
+            raise SignatureError("bad-signature", f"malformed tensor spec {data!r}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
@@ -70,6 +85,8 @@ class Signature:
                 specs = json.loads(specs)
             except json.JSONDecodeError as exc:
                 raise SignatureError("bad-signature", f"signature is not valid JSON: {exc}") from None
+        if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Iterable):
+            raise SignatureError("bad-signature", f"a signature must be a list of tensor specs, got {specs!r}")
         return cls(tuple(s if isinstance(s, TensorSpec) else TensorSpec.from_dict(s) for s in specs))
 
     def __getitem__(self, name: str) -> TensorSpec:

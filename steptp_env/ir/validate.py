@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from ..errors import SignatureError
 from .analysis import index_range
-from .ast import Access, Const, Nest, Var, accesses, equations, walk
+from .ast import Access, Const, Neg, Nest, Var, accesses, equations, walk
 from .dtypes import is_int
 from .program import Signature, TensorInfo
 
 
 def _constant(expr) -> int | None:
+    """The value of an integer literal subscript (`3`, `-1`), else None."""
+    if isinstance(expr, Neg):
+        inner = _constant(expr.operand)
+        return None if inner is None else -inner
     return expr.value if isinstance(expr, Const) and expr.is_int else None
 
 
@@ -47,7 +51,7 @@ def check_program(nests: tuple[Nest, ...], signature: Signature) -> dict[str, Te
             _check_access(eq.lhs, known, meta, n, is_write=True)
             for acc in (*accesses(eq.lhs), *accesses(eq.rhs)):
                 _check_access(acc, known, meta, n, is_write=False)
-            for acc in accesses(eq.rhs):
+            for acc in [*accesses(eq.rhs), *(a for i in eq.lhs.indices for a in accesses(i))]:
                 if acc.name not in written and acc.name not in nest_writes and acc.name != eq.lhs.name:
                     spec = known.get(acc.name)
                     if spec is None or spec.role == "output":
