@@ -207,20 +207,32 @@ def accesses(expr: Expr) -> Iterator[Access]:
             yield node
 
 
-def replace_accesses(expr: Expr, fn) -> Expr:
-    """Rebuild an expression bottom-up, replacing every access `a` (after rewriting its subscripts) by
-    `fn(a)`. Nodes without accesses are returned unchanged."""
-    if isinstance(expr, Access):
-        new = replace(expr, indices=tuple(replace_accesses(i, fn) for i in expr.indices))
-        return fn(new)
+def map_children(expr: Expr, fn) -> Expr:
+    """The same node with `fn` applied to each direct child (the node itself when it has none)."""
     kids = children(expr)
     if not kids:
         return expr
-    new_kids = tuple(replace_accesses(k, fn) for k in kids)
+    new = tuple(fn(k) for k in kids)
+    if isinstance(expr, Access):
+        return replace(expr, indices=new)
     if isinstance(expr, Neg):
-        return replace(expr, operand=new_kids[0])
+        return replace(expr, operand=new[0])
     if isinstance(expr, (BinOp, And)):
-        return replace(expr, lhs=new_kids[0], rhs=new_kids[1])
+        return replace(expr, lhs=new[0], rhs=new[1])
     if isinstance(expr, Compare):
-        return replace(expr, operands=new_kids)
-    return replace(expr, args=new_kids)
+        return replace(expr, operands=new)
+    return replace(expr, args=new)
+
+
+def replace_accesses(expr: Expr, fn) -> Expr:
+    """Rebuild an expression bottom-up, replacing every access `a` (after rewriting its subscripts) by
+    `fn(a)`."""
+    rebuilt = map_children(expr, lambda k: replace_accesses(k, fn))
+    return fn(rebuilt) if isinstance(rebuilt, Access) else rebuilt
+
+
+def rename_var(expr: Expr, old: str, new: str) -> Expr:
+    """`expr` with loop variable `old` renamed to `new`."""
+    if isinstance(expr, Var):
+        return Var(new, expr.parens) if expr.name == old else expr
+    return map_children(expr, lambda k: rename_var(k, old, new))

@@ -322,9 +322,12 @@ class _ExprLowering:
                 a, b = _cast(a, self.float_default), _cast(b, self.float_default)
             return tirx.Div(a, b)
         if op == "**":
-            if isinstance(b, _Lit) and b.value == 2:
+            if isinstance(b, _Lit) and b.value in (2, 3, 4):  # small integer powers: exact products
                 x = self.materialize(a)
-                return tirx.Mul(x, x)
+                product = x
+                for _ in range(int(b.value) - 1):
+                    product = tirx.Mul(product, x)
+                return product
             a, b = self.unify(a, b)
             if not is_float(_dt(a)):
                 a, b = _cast(a, self.float_default), _cast(b, self.float_default)
