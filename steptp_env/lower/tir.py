@@ -285,9 +285,9 @@ class _ExprLowering:
 
     def load(self, acc: Access) -> _Value:
         eq = self.eq
-        if acc.name == eq.lhs.name and acc == eq.lhs and self.fresh:
-            return _Lit(self.self_identity)
         buf = self.fb.buffers[acc.name]
+        if acc.name == eq.lhs.name and acc == eq.lhs and self.fresh:
+            return _imm(self.self_identity, buf.dtype)  # typed: an int64 extreme must not become int32
         indices = [self.index(i) for i in acc.indices]
         load = tirx.BufferLoad(buf, indices)
         if acc.name == eq.lhs.name and acc != eq.lhs:
