@@ -9,7 +9,9 @@ from .ir import Program, Signature, TensorSpec
 __version__ = "0.1.0"
 
 _LAZY = {"lower": ("steptp_env.lower", "lower"), "build": ("steptp_env.measure", "build"),
-         "verify": ("steptp_env.measure", "verify"), "VerifyReport": ("steptp_env.measure", "VerifyReport")}
+         "verify": ("steptp_env.measure", "verify"), "VerifyReport": ("steptp_env.measure", "VerifyReport"),
+         "measure": ("steptp_env.measure", "measure"), "Measurement": ("steptp_env.measure", "Measurement"),
+         "Protocol": ("steptp_env.measure", "Protocol"), "ResultStore": ("steptp_env.measure", "ResultStore")}
 
 __all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "SignatureError", "LoweringError",
            "BuildError", *_LAZY]

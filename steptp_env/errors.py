@@ -46,3 +46,7 @@ class LoweringError(StepTPError):
 
 class BuildError(StepTPError):
     """TVM failed to compile a lowered module."""
+
+
+class IllegalActionError(StepTPError):
+    """An action that does not apply to the program it was given; the message says why."""

@@ -197,6 +197,13 @@ def _imm(value: Union[int, float, bool], dtype: str) -> PrimExpr:
     return tirx.IntImm(dtype, value)
 
 
+def _fits(value: int, dtype: str) -> bool:
+    bits = tvm.DataType(dtype).bits
+    if dtype.startswith("uint"):
+        return 0 <= value < 2 ** bits
+    return -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
+
+
 def _common(a: str, b: str) -> str:
     """The dtype both operands of a binary operation are converted to (NumPy-like promotion)."""
     if is_float(a) or is_float(b):
@@ -242,7 +249,9 @@ class _ExprLowering:
     def _adopt(self, lit: _Lit, dtype: str) -> PrimExpr:
         if isinstance(lit.value, float) and not is_float(dtype):
             return _imm(lit.value, self.float_default)
-        return _imm(lit.value, "int32" if dtype == "bool" else dtype)
+        if dtype == "bool" or (not is_float(dtype) and not _fits(lit.value, dtype)):
+            return self.materialize(lit)  # a literal too wide for its partner widens the operation
+        return _imm(lit.value, dtype)
 
     def as_float(self, v: _Value) -> PrimExpr:
         e = self.materialize(v)

@@ -1,6 +1,11 @@
-"""Build, run and verify programs (timing, worker isolation and the result store come later)."""
+"""Build, run, verify and time programs; worker isolation; the SQLite result store."""
+from .._callable import make_callable
 from .build import Kernel, build
 from .inputs import random_inputs
+from .measure import Measurement, Protocol, measure, measure_many
+from .store import ResultStore, record_key
 from .verify import VerifyReport, compare, verify
 
-__all__ = ["Kernel", "build", "random_inputs", "VerifyReport", "compare", "verify"]
+__all__ = ["Kernel", "build", "random_inputs", "VerifyReport", "compare", "verify", "Measurement", "Protocol",
+           "measure", "measure_many", "ResultStore", "record_key"]
+make_callable(__name__, measure)

@@ -68,21 +68,27 @@ def _named(program: Program, fn: Callable) -> Callable[[dict[str, np.ndarray]], 
     return run
 
 
+Runner = Callable[[list[dict[str, np.ndarray]]], list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
+
+
 def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 0, target: str = "llvm",
-           kernel: Kernel | None = None) -> VerifyReport:
+           kernel: Kernel | None = None, runner: Runner | None = None) -> VerifyReport:
     """Run `program` and `reference` on `trials` fresh seeded input draws and compare every output.
 
     Each run gets its own copies of the inputs, so a kernel that writes an input cannot affect the other
-    side, and is caught: its inputs are compared with the originals after the run.
+    side, and is caught: its inputs are compared with the originals after the run. `runner` runs the
+    program on a list of input sets elsewhere (a worker process); by default it is built and run here.
     """
-    kernel = kernel or build(program, target)
     make_inputs, run_reference, ref_length = _reference_runner(program, reference, target)
+    if runner is None:
+        kernel = kernel or build(program, target)
+        runner = lambda sets: [kernel.run(s) for s in sets]  # noqa: E731
     length = max(reduction_length(program.nests), ref_length)
     rtols = {s.name: relative_tolerance(s.dtype, length) for s in program.signature.outputs}
+    input_sets = [make_inputs(seed * 1000 + trial) for trial in range(trials)]
+    results = runner(input_sets)
     worst_abs = worst_rel = 0.0
-    for trial in range(trials):
-        inputs = make_inputs(seed * 1000 + trial)
-        outputs, left = kernel.run(inputs)
+    for trial, (inputs, (outputs, left)) in enumerate(zip(input_sets, results)):
         for name, before in inputs.items():
             if name in left and not _same(before, left[name]):
                 return VerifyReport(False, reason=f"the kernel modified its input {name}", trials=trial + 1,

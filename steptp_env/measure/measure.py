@@ -1,0 +1,174 @@
+"""`measure`: build, verify against the workload, then time: the full cost of one environment step.
+
+Everything native (compiling, running, timing) happens in a worker process under a per-phase timeout;
+the PyTorch reference and the comparison run here. A build that fails, hangs or crashes, a kernel that
+segfaults or hangs, and a wrong result all come back as a `Measurement` with `error` set.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import queue
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from ..errors import StepTPError
+from ..ir.program import Program
+from .verify import Reference, VerifyReport, verify
+from .worker import MeasureWorker, _build, _run, _time
+
+
+def _default_threads() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a runtime is measured. The thread count is part of it: the machine's cores by default, so that
+    parallel loops pay off; 1 gives the steadiest figures on a busy machine."""
+
+    threads: int = field(default_factory=_default_threads)
+    repeat: int = 5
+    number: int = 1
+    min_seconds: float = 1e-4  # kernels faster than this get `number` raised so one timing lasts this long
+    trials: int = 3
+    seed: int = 0
+    build_timeout: float = 120.0
+    run_timeout: float = 60.0
+
+    @property
+    def key(self) -> str:
+        """What makes two timings comparable (timeouts and verify seeds do not)."""
+        return f"threads={self.threads};repeat={self.repeat};number={self.number};min_seconds={self.min_seconds}"
+
+
+@dataclass
+class Measurement:
+    """One program measured on one target under one protocol."""
+
+    leir: str
+    target: str
+    protocol: Protocol
+    timings: list[float] = field(default_factory=list)
+    number: int = 1
+    verify: VerifyReport | None = None
+    error: str | None = None
+    load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    versions: dict[str, str] = field(default_factory=dict)
+    build_s: float = 0.0
+    verify_s: float = 0.0
+    time_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.verify is not None and self.verify.equivalent
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.timings) if self.timings else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verify"] = None if self.verify is None else self.verify.to_dict()
+        data["median_s"] = self.median_s
+        return data
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+    import tvm
+
+    from .. import __version__
+
+    return {"steptp_env": __version__, "tvm": tvm.__version__, "torch": torch.__version__, "numpy": numpy.__version__}
+
+
+_WORKERS: dict[tuple[int, int], MeasureWorker] = {}
+_WORKERS_LOCK = threading.Lock()
+TIMING_LOCK = threading.Lock()
+"""Held while a kernel is timed: one timing at a time on the machine, whatever runs in parallel."""
+
+
+def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
+    """The shared worker process for a thread count (and a slot, for parallel builds)."""
+    with _WORKERS_LOCK:
+        key = (threads, slot)
+        if key not in _WORKERS:
+            _WORKERS[key] = MeasureWorker(threads)
+        return _WORKERS[key]
+
+
+def measure(program: Program, workload: Reference, target: str = "llvm", protocol: Protocol | None = None,
+            worker: MeasureWorker | None = None) -> Measurement:
+    """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
+    it if it is equivalent. Never raises for a bad program: failures are Measurements with `error` set."""
+    protocol = protocol or Protocol()
+    worker = worker or worker_for(protocol.threads)
+    m = Measurement(program.leir, target, protocol, versions=versions())
+    key = f"{os.getpid()}-{id(m)}"
+    signature = program.signature.to_json()
+
+    phase = "build"
+    try:
+        m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+        phase = "verification run"
+        start = time.perf_counter()
+        m.verify = verify(program, workload, trials=protocol.trials, seed=protocol.seed, target=target,
+                          runner=lambda sets: worker.call(_run, key, sets, timeout=protocol.run_timeout))
+        m.verify_s = time.perf_counter() - start
+        if not m.verify.equivalent:
+            m.error = f"not equivalent: {m.verify.reason}"
+            return m
+        phase = "timing"
+        inputs = _inputs_for_timing(program, workload, protocol)
+        with TIMING_LOCK:
+            start = time.perf_counter()
+            m.load_average = os.getloadavg()
+            *timings, number = worker.call(_time, key, inputs, protocol.number, protocol.repeat,
+                                           protocol.min_seconds, timeout=protocol.run_timeout)
+            m.time_s = time.perf_counter() - start
+        m.number = int(number)
+        m.timings = [t for t in timings]
+    except TimeoutError:
+        m.error = f"{phase} timed out (limit {protocol.build_timeout if phase == 'build' else protocol.run_timeout:.0f} s)"
+    except ChildProcessError:
+        m.error = f"{phase} crashed: the worker process died (segfault, abort or out of memory)"
+    except StepTPError as exc:
+        m.error = f"{phase} failed: {exc}"
+    except Exception as exc:  # whatever TVM raises in the child comes back here
+        m.error = f"{phase} failed: {type(exc).__name__}: {str(exc)[-1500:]}"
+    return m
+
+
+def _inputs_for_timing(program: Program, workload: Reference, protocol: Protocol):
+    if hasattr(workload, "make_inputs"):
+        return workload.make_inputs(protocol.seed)
+    from .inputs import random_inputs
+
+    return random_inputs(program, protocol.seed)
+
+
+def measure_many(programs: Sequence[Program], workload: Reference, target: str = "llvm",
+                 protocol: Protocol | None = None, workers: int = 1) -> list[Measurement]:
+    """Measure several programs, building in up to `workers` processes at once; timings stay serial (a
+    shared lock), so parallel builds do not disturb them. Results are in input order."""
+    protocol = protocol or Protocol()
+    if workers <= 1:
+        return [measure(p, workload, target, protocol) for p in programs]
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(workers):
+        slots.put(slot)
+
+    def one(program: Program) -> Measurement:
+        slot = slots.get()
+        try:
+            return measure(program, workload, target, protocol, worker_for(protocol.threads, slot))
+        finally:
+            slots.put(slot)
+
+    with cf.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, programs))

@@ -1,0 +1,151 @@
+"""`ResultStore`: measurements in one SQLite file, shared by processes, keyed by what was measured.
+
+The key is a hash of the lowered module's structure plus the target and the protocol, so two programs
+that lower to the same TIR share one record. SQLite in WAL mode lets several processes read while one
+writes; each record is written in its own transaction, so a writer killed mid-way leaves either the
+whole record or nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..ir.program import Program
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS workloads (
+    uri TEXT PRIMARY KEY, preset TEXT, leir TEXT NOT NULL, signature TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    key TEXT PRIMARY KEY, workload TEXT, leir TEXT NOT NULL, target TEXT NOT NULL, protocol TEXT NOT NULL,
+    median_s REAL, error TEXT, measurement TEXT NOT NULL, features TEXT, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload);
+"""
+
+
+def default_path() -> Path:
+    """$STEPTP_STORE, else the user's cache directory."""
+    if os.environ.get("STEPTP_STORE"):
+        return Path(os.environ["STEPTP_STORE"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "steptp_env" / "results.sqlite"
+
+
+def record_key(program: Program, target: str, protocol_key: str) -> str:
+    """Structural hash of the lowered module + target + protocol."""
+    import tvm_ffi
+
+    from ..lower import lower
+
+    structure = tvm_ffi.structural_hash(lower(program, target))
+    return hashlib.sha256(f"{structure}|{target}|{protocol_key}".encode()).hexdigest()[:32]
+
+
+class ResultStore:
+    """Measurements and workloads in one SQLite file (WAL); safe for concurrent processes."""
+
+    def __init__(self, path: Path | str | None = None, timeout: float = 60.0) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------------------------------
+    def add_workload(self, uri: str, program: Program, preset: str | None = None) -> None:
+        with self._transaction():
+            self._conn.execute("INSERT OR REPLACE INTO workloads VALUES (?, ?, ?, ?, ?)",
+                               (uri, preset, program.leir, json.dumps(program.signature.to_json()), time.time()))
+
+    def put(self, key: str, measurement: dict[str, Any], workload: str | None = None,
+            features: list[float] | None = None) -> None:
+        """Store one measurement (as produced by `Measurement.to_dict`) under `key`."""
+        row = (key, workload, measurement["leir"], measurement["target"], json.dumps(measurement["protocol"],
+               sort_keys=True), measurement.get("median_s"), measurement.get("error"),
+               json.dumps(measurement, sort_keys=True), None if features is None else json.dumps(features),
+               time.time())
+        with self._transaction():
+            self._conn.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction, taken immediately so concurrent writers queue instead of deadlocking."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # -- reading -------------------------------------------------------------------------------------
+    def get(self, key: str) -> dict[str, Any] | None:
+        row = self._conn.execute("SELECT measurement FROM records WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def records(self, workload: str | None = None, ok_only: bool = False) -> Iterator[dict[str, Any]]:
+        """Records in insertion order, optionally of one workload / without errors."""
+        query = "SELECT key, workload, measurement, features FROM records"
+        clauses, args = [], []
+        if workload is not None:
+            clauses.append("workload = ?")
+            args.append(workload)
+        if ok_only:
+            clauses.append("error IS NULL AND median_s IS NOT NULL")
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        for key, uri, measurement, features in self._conn.execute(query + " ORDER BY rowid", args):
+            yield {"key": key, "workload": uri, "measurement": json.loads(measurement),
+                   "features": None if features is None else json.loads(features)}
+
+    def __len__(self) -> int:
+        return self._conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+
+    def stats(self) -> dict[str, Any]:
+        total, ok, failed = self._conn.execute(
+            "SELECT COUNT(*), SUM(error IS NULL), SUM(error IS NOT NULL) FROM records").fetchone()
+        per_workload = self._conn.execute(
+            "SELECT COALESCE(workload, '-'), COUNT(*) FROM records GROUP BY workload ORDER BY workload").fetchall()
+        workloads = self._conn.execute("SELECT COUNT(*) FROM workloads").fetchone()[0]
+        return {"path": str(self.path), "records": total or 0, "ok": ok or 0, "failed": failed or 0,
+                "workloads": workloads, "bytes": self.path.stat().st_size if self.path.exists() else 0,
+                "per_workload": dict(per_workload)}
+
+    def export(self, path: Path | str) -> int:
+        """Write every record as one JSON line; returns the count."""
+        count = 0
+        with open(path, "w") as f:
+            for record in self.records():
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                count += 1
+        return count
+
+    def prune(self, failed: bool = True, older_than_s: float | None = None) -> int:
+        """Delete failed records and/or records older than `older_than_s`; returns how many."""
+        clauses, args = [], []
+        if failed:
+            clauses.append("error IS NOT NULL")
+        if older_than_s is not None:
+            clauses.append("created < ?")
+            args.append(time.time() - older_than_s)
+        if not clauses:
+            return 0
+        with self._transaction():
+            cursor = self._conn.execute("DELETE FROM records WHERE " + " OR ".join(clauses), args)
+        self._conn.execute("VACUUM")
+        return cursor.rowcount

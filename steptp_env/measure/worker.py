@@ -1,0 +1,111 @@
+"""Builds and runs kernels in a separate process, one phase per request, each under its own timeout.
+
+TVM's `PopenWorker` keeps one child process alive between requests (so TVM is imported once) and kills
+it when a request outlives its timeout; a kernel that segfaults or exhausts memory ends only the child.
+Either way the parent gets an exception it turns into a failed `Measurement`, and the next request
+starts a fresh child. The kernel built by one request is kept in the child for the following ones.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+_KERNELS: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # in the child: recent kernels
+_KEEP = 4
+
+
+def _build(key: str, leir: str, signature: list, target: str) -> float:
+    """Child side: parse, lower and compile; returns the seconds it took."""
+    import time
+
+    from ..ir.program import Program
+    from .build import build
+
+    start = time.perf_counter()
+    _KERNELS[key] = build(Program.parse(leir, signature), target)
+    while len(_KERNELS) > _KEEP:  # memory stays bounded; requests of concurrent callers stay apart
+        _KERNELS.popitem(last=False)
+    return time.perf_counter() - start
+
+
+def _run(key: str, inputs: list[dict[str, np.ndarray]]) -> list[tuple[dict, dict]]:
+    """Child side: run the built kernel once per input set; (outputs, inputs as left) per set."""
+    kernel = _KERNELS[key]
+    return [kernel.run(arrays) for arrays in inputs]
+
+
+def _time(key: str, inputs: dict[str, np.ndarray], number: int, repeat: int, min_seconds: float) -> list[float]:
+    """Child side: one warm-up run, then `repeat` timings of `number` runs each (raised so one timing
+    lasts at least `min_seconds`)."""
+    kernel = _KERNELS[key]
+    probe = kernel.time(inputs, number=1, repeat=1)[0]
+    if probe < min_seconds and number == 1:
+        number = max(1, int(min_seconds / max(probe, 1e-9)))
+    return [t for t in kernel.time(inputs, number=number, repeat=repeat)] + [float(number)]
+
+
+def _crash() -> None:
+    """Child side: end the process as a native crash would (used by the isolation tests)."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+@contextlib.contextmanager
+def _thread_env(threads: int):
+    """TVM reads TVM_NUM_THREADS when the child imports it, so it must be set when a child starts."""
+    saved = os.environ.get("TVM_NUM_THREADS")
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TVM_NUM_THREADS", None)
+        else:
+            os.environ["TVM_NUM_THREADS"] = saved
+
+
+class MeasureWorker:
+    """A child process running with `threads` TVM threads. One request at a time (a lock guards it)."""
+
+    GRACE_S = 5.0
+
+    def __init__(self, threads: int) -> None:
+        from tvm.support.popen_pool import PopenWorker
+
+        self.threads = threads
+        self._worker = PopenWorker()
+        self.lock = threading.Lock()
+
+    def call(self, fn, *args, timeout: float) -> Any:
+        """Run `fn(*args)` in the child. Raises TimeoutError when it outlives `timeout` (the child is
+        killed from here too, in case native code holds it), ChildProcessError when the child dies."""
+        with self.lock:
+            with _thread_env(self.threads):
+                self._worker.send(fn, args, timeout=timeout)  # starts a child if there is none
+            proc = self._worker._proc
+            killed = threading.Event()
+
+            def kill() -> None:
+                killed.set()
+                proc.kill()
+
+            timer = threading.Timer(timeout + self.GRACE_S, kill)
+            timer.start()
+            try:
+                return self._worker.recv()
+            except ChildProcessError:
+                self._worker.kill()
+                if killed.is_set():
+                    raise TimeoutError(f"no answer within {timeout:.0f} s") from None
+                raise
+            finally:
+                timer.cancel()
+
+    def close(self) -> None:
+        self._worker.kill()

@@ -1,0 +1,112 @@
+"""measure: real builds and timings in a worker process; crashes, kills and hangs become failed results."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from steptp_env import Program
+from steptp_env.measure.measure import Protocol, measure, measure_many, worker_for
+
+SIG = [{"name": "A", "shape": [64, 64], "dtype": "float32"}, {"name": "B", "shape": [64, 64], "dtype": "float32"},
+       {"name": "C", "shape": [64, 64], "dtype": "float32", "role": "output"}]
+MATMUL = Program.parse("L^{64}_{a=0}L^{64}_{c=0}L^{64}_{d=0}[C^{f32,g}_{a,c}=C^{f32,g}_{a,c}+A^{f32,g}_{a,d}*"
+                       "B^{f32,g}_{d,c};];", SIG)
+ONE = Protocol(threads=1, build_timeout=60, run_timeout=20)
+
+
+def reference(t):
+    return t["A"].astype(np.float64) @ t["B"]
+
+
+def test_a_measurement_holds_timings_verdict_protocol_and_context():
+    m = measure(MATMUL, reference, protocol=ONE)
+    assert m.ok and m.error is None and m.verify.equivalent and m.verify.trials == 3
+    assert len(m.timings) == 5 and m.median_s > 0 and m.number >= 1
+    assert m.protocol.threads == 1 and "threads=1" in m.protocol.key
+    assert m.build_s > 0 and m.verify_s > 0 and m.time_s > 0 and len(m.load_average) == 3
+    assert set(m.versions) == {"steptp_env", "tvm", "torch", "numpy"}
+    assert m.to_dict()["median_s"] == m.median_s
+
+
+def test_fast_kernels_get_more_runs_per_timing():
+    tiny = Program.parse("L^{4}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}+1;];",
+                         [{"name": "A", "shape": [4], "dtype": "float32"},
+                          {"name": "C", "shape": [4], "dtype": "float32", "role": "output"}])
+    m = measure(tiny, lambda t: t["A"] + 1, protocol=ONE)
+    assert m.ok and m.number > 1
+
+
+def test_wrong_program_is_a_failed_measurement_without_timings():
+    wrong = Program.parse(MATMUL.leir.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{c,d}"), SIG)
+    m = measure(wrong, reference, protocol=ONE)
+    assert not m.ok and m.error.startswith("not equivalent") and m.timings == []
+
+
+def test_native_crash_is_a_failed_measurement_and_the_next_one_works():
+    sig = [{"name": "A", "shape": [8], "dtype": "float32"}, {"name": "C", "shape": [8], "dtype": "float32",
+                                                              "role": "output"}]
+    wild = Program.parse("L^{8}_{a=0}[I^{i64,g}_{a}=a*4000000000000;];"
+                         "L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{I^{i64,g}_{a}};];", sig)
+    m = measure(wild, lambda t: t["A"], protocol=ONE)
+    assert not m.ok and "crashed" in m.error
+    assert measure(MATMUL, reference, protocol=ONE).ok
+
+
+def test_worker_killed_mid_run_is_a_failed_measurement_and_the_next_one_works():
+    sig = [{"name": "A", "shape": [2048, 2048], "dtype": "float32"},
+           {"name": "C", "shape": [2048], "dtype": "float32", "role": "output"}]
+    slow = Program.parse("L^{2048}_{a=0}L^{2048}_{c=0}L^{2048}_{d=0}[C^{f32,g}_{a}=C^{f32,g}_{a}+"
+                         "exp(A^{f32,g}_{a,c}*A^{f32,g}_{d,c});];", sig)
+    worker = worker_for(1)
+
+    def kill_when_running():
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            proc = worker._worker._proc
+            if proc is not None and worker.lock.locked():
+                time.sleep(2.0)
+                os.kill(proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_running)
+    killer.start()
+    m = measure(slow, lambda t: t["A"].sum(1), protocol=ONE, worker=worker)
+    killer.join()
+    assert not m.ok and "crashed" in m.error
+    assert measure(MATMUL, reference, protocol=ONE, worker=worker).ok
+
+
+def test_hanging_kernel_times_out():
+    sig = [{"name": "A", "shape": [4096, 4096], "dtype": "float32"},
+           {"name": "C", "shape": [4096], "dtype": "float32", "role": "output"}]
+    endless = Program.parse("L^{4096}_{a=0}L^{4096}_{c=0}L^{4096}_{d=0}[C^{f32,g}_{a}=C^{f32,g}_{a}+"
+                            "exp(A^{f32,g}_{a,c}*A^{f32,g}_{d,c});];", sig)
+    m = measure(endless, lambda t: t["A"].sum(1), protocol=Protocol(threads=1, run_timeout=2))
+    assert not m.ok and "timed out" in m.error
+
+
+def test_unsupported_target_is_a_failed_build():
+    m = measure(MATMUL, reference, target="rocm", protocol=ONE)
+    assert not m.ok and m.error.startswith("build failed") and "unsupported target" in m.error
+
+
+def test_measure_many_keeps_order_with_parallel_builds():
+    wrong = Program.parse(MATMUL.leir.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{c,d}"), SIG)
+    results = measure_many([MATMUL, wrong, MATMUL], reference, protocol=ONE, workers=2)
+    assert [m.ok for m in results] == [True, False, True]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_workers():
+    yield
+    from steptp_env.measure import measure as module
+
+    for worker in module._WORKERS.values():
+        worker.close()
+    module._WORKERS.clear()

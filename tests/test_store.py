@@ -1,0 +1,98 @@
+"""ResultStore: a real SQLite file shared by processes; records survive writers that die mid-way."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from steptp_env import Program
+from steptp_env.measure.store import ResultStore, record_key
+
+SIG = [{"name": "A", "shape": [8], "dtype": "float32"}, {"name": "C", "shape": [8], "dtype": "float32",
+                                                          "role": "output"}]
+
+
+def fake(i: int, error: str | None = None) -> dict:
+    return {"leir": f"prog{i}", "target": "llvm", "protocol": {"threads": 1}, "median_s": None if error else i * 1e-3,
+            "error": error, "timings": [i * 1e-3] * 5}
+
+
+def test_put_get_stats_export_prune(tmp_path):
+    with ResultStore(tmp_path / "s.sqlite") as store:
+        store.put("k1", fake(1), "level1/x", features=[1.0, 2.0])
+        store.put("k2", fake(2, error="build failed"), "level1/x")
+        store.put("k3", fake(3), "level1/y")
+        assert store.get("k1")["median_s"] == 1e-3 and store.get("missing") is None
+        assert [r["key"] for r in store.records(ok_only=True)] == ["k1", "k3"]
+        assert next(store.records("level1/x"))["features"] == [1.0, 2.0]
+        stats = store.stats()
+        assert (stats["records"], stats["ok"], stats["failed"]) == (3, 2, 1)
+        assert stats["per_workload"] == {"level1/x": 2, "level1/y": 1}
+        assert store.export(tmp_path / "out.jsonl") == 3
+        assert json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])["key"] == "k1"
+        assert store.prune(failed=True) == 1 and len(store) == 2
+
+
+def test_programs_lowering_to_the_same_module_share_a_key():
+    a = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}*2;];", SIG)
+    b = Program.parse("L^{8}_{c=0}[C^{f32,g}_{c}=A^{f32,g}_{c}*2;];", SIG)  # only a loop var renamed
+    c = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}*3;];", SIG)
+    assert record_key(a, "llvm", "p") == record_key(b, "llvm", "p")
+    assert record_key(a, "llvm", "p") != record_key(c, "llvm", "p")
+    assert record_key(a, "llvm", "p") != record_key(a, "llvm", "q") != record_key(a, "cuda", "p")
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from steptp_env.measure.store import ResultStore
+    store = ResultStore(sys.argv[1])
+    who = sys.argv[2]
+    for i in range(500):
+        store.put(f"{who}-{i}", {"leir": "x" * 200, "target": "llvm", "protocol": {}, "median_s": i,
+                                 "error": None}, workload=who)
+""")
+
+
+def test_four_processes_write_500_records_each(tmp_path):
+    path = tmp_path / "s.sqlite"
+    ResultStore(path).close()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"w{k}"], env=env) for k in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    with ResultStore(path) as store:
+        assert len(store) == 2000
+        assert store.stats()["per_workload"] == {f"w{k}": 500 for k in range(4)}
+        assert all(r["measurement"]["leir"] == "x" * 200 for r in store.records())
+        assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from steptp_env.measure.store import ResultStore
+    store = ResultStore(sys.argv[1])
+    store.put("committed", {"leir": "a", "target": "llvm", "protocol": {}, "median_s": 1.0, "error": None})
+    store._conn.execute("BEGIN IMMEDIATE")
+    for i in range(1000):
+        store._conn.execute("INSERT INTO records VALUES (?, NULL, 'b', 'llvm', '{}', 1.0, NULL, '{}', NULL, 0)",
+                            (f"half-{i}",))
+    print("inside", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_writer_killed_mid_transaction_leaves_a_consistent_store(tmp_path):
+    path = tmp_path / "s.sqlite"
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "inside"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    with ResultStore(path, timeout=10) as store:
+        assert [r["key"] for r in store.records()] == ["committed"]
+        assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        store.put("after", fake(2))  # the dead writer's lock is gone
+        assert len(store) == 2
