@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from steptp_env import Program
-from steptp_env.measure.measure import Protocol, measure, measure_many, worker_for
+from steptp_env.measure.runner import Protocol, measure, measure_many, worker_for
 
 SIG = [{"name": "A", "shape": [64, 64], "dtype": "float32"}, {"name": "B", "shape": [64, 64], "dtype": "float32"},
        {"name": "C", "shape": [64, 64], "dtype": "float32", "role": "output"}]
@@ -105,8 +105,31 @@ def test_measure_many_keeps_order_with_parallel_builds():
 @pytest.fixture(autouse=True, scope="module")
 def _close_workers():
     yield
-    from steptp_env.measure import measure as module
+    from steptp_env.measure import runner as module
 
     for worker in module._WORKERS.values():
         worker.close()
     module._WORKERS.clear()
+
+
+def test_measuring_through_an_rpc_tracker_and_server_on_loopback():
+    from tvm.rpc.server import Server
+    from tvm.rpc.tracker import Tracker
+
+    from steptp_env.measure import Remote
+
+    tracker = Tracker("127.0.0.1", port=9190, port_end=9290, silent=True)
+    server = Server("127.0.0.1", port=9300, port_end=9400, tracker_addr=("127.0.0.1", tracker.port),
+                    key="loopback-cpu", silent=True)
+    try:
+        time.sleep(1.0)  # the server registers with the tracker
+        remote = m = None
+        remote = Remote("127.0.0.1", tracker.port, "loopback-cpu")
+        m = measure(MATMUL, reference, protocol=ONE, remote=remote.url)
+        local = measure(MATMUL, reference, protocol=ONE)
+    finally:
+        server.terminate()
+        tracker.terminate()
+    assert m.ok and m.verify.equivalent and m.target == f"llvm@{remote.url}"
+    ratio = m.median_s / local.median_s
+    assert 0.5 < ratio < 2.0, (m.median_s, local.median_s)

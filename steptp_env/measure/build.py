@@ -31,6 +31,12 @@ class Kernel:
         self.executable = executable
         self.kind = kind
         self.device = tvm.cpu() if kind == "llvm" else tvm.cuda()
+        self._module = executable  # what runs: the local executable, or a module loaded on an RPC device
+        self._session = None
+
+    def attach_remote(self, session, module, device) -> None:
+        """Run on a device of an RPC session from now on (the module was uploaded and loaded there)."""
+        self._session, self._module, self.device = session, module, device
 
     def _arguments(self, inputs: Mapping[str, np.ndarray]) -> list:
         args = []
@@ -49,7 +55,7 @@ class Kernel:
     def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Run once on copies of `inputs`; return (outputs, inputs as the kernel left them)."""
         args = self._arguments(inputs)
-        self.executable["main"](*args)
+        self._module["main"](*args)
         outs, ins = {}, {}
         for spec, arg in zip(self.program.signature.tensors, args):
             (outs if spec.role == "output" else ins)[spec.name] = arg.numpy()
@@ -61,9 +67,9 @@ class Kernel:
     def time(self, inputs: Mapping[str, np.ndarray], number: int = 1, repeat: int = 5) -> list[float]:
         """Seconds per run, one entry per repeat (TVM's time_evaluator; one warm-up run first)."""
         args = self._arguments(inputs)
-        evaluator = self.executable.mod.time_evaluator("main", self.device, number=number, repeat=repeat,
-                                                       min_repeat_ms=0)
-        self.executable["main"](*args)
+        module = self._module if self._session is not None else self.executable.mod
+        evaluator = module.time_evaluator("main", self.device, number=number, repeat=repeat, min_repeat_ms=0)
+        self._module["main"](*args)
         return list(evaluator(*args).results)
 
     @property

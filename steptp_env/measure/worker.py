@@ -109,3 +109,28 @@ class MeasureWorker:
 
     def close(self) -> None:
         self._worker.kill()
+
+
+def _build_remote(key: str, leir: str, signature: list, target: str, tracker: tuple[str, int], device_key: str,
+                  session_timeout: float) -> float:
+    """Child side: build here, then upload to a device leased from an RPC tracker and load it there."""
+    import tempfile
+    import time
+
+    from tvm import rpc
+
+    from ..ir.program import Program
+    from .build import build
+
+    start = time.perf_counter()
+    kernel = build(Program.parse(leir, signature), target)
+    session = rpc.connect_tracker(*tracker).request(device_key, session_timeout=session_timeout)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/{key}.so"
+        kernel.executable.export_library(path)
+        session.upload(path)
+    kernel.attach_remote(session, session.load_module(f"{key}.so"), session.cpu())
+    _KERNELS[key] = kernel
+    while len(_KERNELS) > _KEEP:
+        _KERNELS.popitem(last=False)
+    return time.perf_counter() - start

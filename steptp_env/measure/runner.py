@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import queue
+import re
 import statistics
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any, Sequence
 from ..errors import StepTPError
 from ..ir.program import Program
 from .verify import Reference, VerifyReport, verify
-from .worker import MeasureWorker, _build, _run, _time
+from .worker import MeasureWorker, _build, _build_remote, _run, _time
 
 
 def _default_threads() -> int:
@@ -43,6 +44,27 @@ class Protocol:
     def key(self) -> str:
         """What makes two timings comparable (timeouts and verify seeds do not)."""
         return f"threads={self.threads};repeat={self.repeat};number={self.number};min_seconds={self.min_seconds}"
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A device leased from a TVM RPC tracker (`rpc://host:port/key`): built here, run there."""
+
+    host: str
+    port: int
+    key: str
+    session_timeout: float = 600.0
+
+    @classmethod
+    def parse(cls, url: str) -> Remote:
+        match = re.fullmatch(r"rpc://([^:/]+):(\d+)/(\S+)", url)
+        if match is None:
+            raise StepTPError(f"not an RPC device address: {url!r} (expected rpc://host:port/key)")
+        return cls(match.group(1), int(match.group(2)), match.group(3))
+
+    @property
+    def url(self) -> str:
+        return f"rpc://{self.host}:{self.port}/{self.key}"
 
 
 @dataclass
@@ -103,18 +125,26 @@ def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
 
 
 def measure(program: Program, workload: Reference, target: str = "llvm", protocol: Protocol | None = None,
-            worker: MeasureWorker | None = None) -> Measurement:
+            worker: MeasureWorker | None = None, remote: Remote | str | None = None) -> Measurement:
     """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
-    it if it is equivalent. Never raises for a bad program: failures are Measurements with `error` set."""
+    it if it is equivalent. With `remote` (a `Remote` or `rpc://host:port/key`) the kernel runs on a device
+    leased from that RPC tracker. Never raises for a bad program: failures come back with `error` set."""
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
-    m = Measurement(program.leir, target, protocol, versions=versions())
+    if isinstance(remote, str):
+        remote = Remote.parse(remote)
+    m = Measurement(program.leir, target if remote is None else f"{target}@{remote.url}", protocol,
+                    versions=versions())
     key = f"{os.getpid()}-{id(m)}"
     signature = program.signature.to_json()
 
     phase = "build"
     try:
-        m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+        if remote is None:
+            m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+        else:
+            m.build_s = worker.call(_build_remote, key, program.leir, signature, target, (remote.host, remote.port),
+                                    remote.key, remote.session_timeout, timeout=protocol.build_timeout)
         phase = "verification run"
         start = time.perf_counter()
         m.verify = verify(program, workload, trials=protocol.trials, seed=protocol.seed, target=target,
