@@ -20,6 +20,8 @@ from .ir.ast import all_loops, equations
 app = typer.Typer(help="steptp_env: LEIR programs, lowering to TVM, measurement.", no_args_is_help=True)
 leir_app = typer.Typer(help="Work with one LEIR program: parse, print, lower, run.", no_args_is_help=True)
 app.add_typer(leir_app, name="leir")
+cache_app = typer.Typer(help="The result store (SQLite): statistics, export, pruning.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
 workloads_app = typer.Typer(help="The workload suite: PyTorch modules translated to LEIR.", no_args_is_help=True)
 app.add_typer(workloads_app, name="workloads")
 console = Console()
@@ -137,6 +139,48 @@ def leir_run(source: str = typer.Argument(..., help=SOURCE_HELP),
 
 def _threads() -> str:
     return os.environ.get("TVM_NUM_THREADS", "default")
+
+
+STORE_HELP = "the store file (default: $STEPTP_STORE or the user cache directory)"
+
+
+@cache_app.command("stats")
+def cache_stats(store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> None:
+    """Records, failures and size of the store, per workload."""
+    from .measure import ResultStore
+
+    with ResultStore(store) as db:
+        stats = db.stats()
+    print(f"{stats['path']}: {stats['records']} records ({stats['ok']} ok, {stats['failed']} failed), "
+          f"{stats['workloads']} workloads, {stats['bytes'] / 1e6:.1f} MB")
+    table = Table(title="records per workload")
+    table.add_column("workload")
+    table.add_column("records")
+    for uri, count in stats["per_workload"].items():
+        table.add_row(uri, str(count))
+    console.print(table)
+
+
+@cache_app.command("export")
+def cache_export(out: Path = typer.Argument(..., help="JSON lines file to write"),
+                 store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> None:
+    """Write every record as one JSON line."""
+    from .measure import ResultStore
+
+    with ResultStore(store) as db:
+        console.print(f"wrote {db.export(out)} records to {out}")
+
+
+@cache_app.command("prune")
+def cache_prune(failed: bool = typer.Option(True, help="delete records of failed measurements"),
+                older_than_days: Optional[float] = typer.Option(None, help="delete records older than this"),
+                store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> None:
+    """Delete failed and/or old records."""
+    from .measure import ResultStore
+
+    with ResultStore(store) as db:
+        removed = db.prune(failed, None if older_than_days is None else older_than_days * 86400)
+    console.print(f"removed {removed} records")
 
 
 @app.command("demo")

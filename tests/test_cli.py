@@ -41,3 +41,18 @@ def test_bad_input_gives_a_clear_error_and_exit_code_2():
     assert wrong_rank.exit_code == 2 and "rank-mismatch" in wrong_rank.stdout
     no_sig = runner.invoke(app, ["leir", "parse", TEXT])
     assert no_sig.exit_code != 0
+
+
+def test_cache_commands(tmp_path):
+    from steptp_env.measure import ResultStore
+
+    path = tmp_path / "s.sqlite"
+    with ResultStore(path) as store:
+        store.put("k1", {"leir": "x", "target": "llvm", "protocol": {}, "median_s": 1e-3, "error": None}, "level1/a")
+        store.put("k2", {"leir": "y", "target": "llvm", "protocol": {}, "median_s": None, "error": "boom"}, "level1/a")
+    stats = runner.invoke(app, ["cache", "stats", "--store", str(path)])
+    assert stats.exit_code == 0 and "2 records (1 ok, 1 failed)" in stats.stdout and "level1/a" in stats.stdout
+    exported = runner.invoke(app, ["cache", "export", str(tmp_path / "o.jsonl"), "--store", str(path)])
+    assert exported.exit_code == 0 and len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
+    pruned = runner.invoke(app, ["cache", "prune", "--store", str(path)])
+    assert pruned.exit_code == 0 and "removed 1 records" in pruned.stdout
