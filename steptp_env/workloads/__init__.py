@@ -1,0 +1,75 @@
+"""The project's workload suite: PyTorch modules of KernelBench's families, each at three sizes.
+
+    >>> from steptp_env.workloads import get_workload, list_workloads
+    >>> list_workloads("level1/*softmax*")
+    ['level1/log_softmax', 'level1/softmax', 'level1/softmax_dim1_3d']
+    >>> wl = get_workload("level2/gemm_relu_divide", preset="tiny")
+
+`level1` holds single operators, `level2` fused chains and attention blocks. Presets: `tiny` (at most
+~1e5 loop iterations, for tests), `small` (1e6 to 3e7, for episodes and benchmarks), `default`
+(KernelBench-like sizes). Parameters and example inputs are drawn under a torch seed derived from the URI
+(crc32), so a URI always gives the same program and the same parameter values.
+"""
+from __future__ import annotations
+
+import difflib
+import zlib
+
+import torch
+
+from ..errors import StepTPError
+from ..frontend.workload import Workload, from_torch
+from . import level1, level2  # noqa: F401  (they register the specs)
+from .registry import PRESETS, SPECS, WorkloadSpec, matching
+
+
+class UnknownWorkloadError(StepTPError, KeyError):
+    """A URI or preset that is not in the suite; the message lists close matches."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def spec(uri: str) -> WorkloadSpec:
+    """The spec of a URI (`level1/softmax`), or `UnknownWorkloadError` with the closest names."""
+    found = SPECS.get(uri)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(uri, SPECS, n=5, cutoff=0.5)
+    if not close:  # try the name without its level, for `softmax` or `level2/softmax`
+        names = {s.name: u for u, s in SPECS.items()}
+        close = [names[n] for n in difflib.get_close_matches(uri.rsplit("/", 1)[-1], names, n=5, cutoff=0.5)]
+    hint = f"; close matches: {', '.join(close)}" if close else "; see `steptp workloads list`"
+    raise UnknownWorkloadError(f"unknown workload {uri!r}{hint}")
+
+
+def seed_of(uri: str) -> int:
+    """The torch seed a workload is built under (stable across processes, unlike `hash`)."""
+    return zlib.crc32(uri.encode())
+
+
+def get_workload(uri: str, preset: str = "small", dtype: str = "float32") -> Workload:
+    """Build the suite workload `uri` at `preset` (tiny, small, default) in `dtype` (float32, float64,
+    float16). Raises `UnknownWorkloadError` for an unknown URI or preset, `UnsupportedOpError` when the
+    frontend cannot translate the module."""
+    entry = spec(uri)
+    if preset not in entry.presets:
+        raise UnknownWorkloadError(f"unknown preset {preset!r} for {uri}; choose one of {', '.join(PRESETS)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_of(uri))
+        case = entry.case(preset)
+    return from_torch(case.module, [a.tensor for a in case.args], dtype=dtype, uri=uri, preset=preset,
+                      input_ranges=[a.range for a in case.args])
+
+
+def list_workloads(filter: str | None = None) -> list[str]:  # noqa: A002  (the documented name)
+    """Sorted URIs; `filter` is a glob such as `level1/*conv*` (a plain string matches as a substring)."""
+    return matching(filter)
+
+
+__all__ = ["get_workload", "list_workloads", "spec", "seed_of", "UnknownWorkloadError", "PRESETS", "SPECS",
+           "WorkloadSpec"]
