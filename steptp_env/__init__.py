@@ -3,7 +3,7 @@
 The LEIR core (`Program`, `Signature`, `TensorSpec`) imports without TVM; `lower`, `build` and `verify`
 import TVM on first use, which takes a few seconds.
 """
-from .errors import BuildError, LoweringError, ParseError, SignatureError, StepTPError
+from .errors import BuildError, IllegalActionError, LoweringError, ParseError, SignatureError, StepTPError
 from .ir import Program, Signature, TensorSpec
 
 __version__ = "0.1.0"
@@ -13,7 +13,7 @@ _LAZY = {"lower": ("steptp_env.lower", "lower"), "build": ("steptp_env.measure",
          "measure": ("steptp_env.measure", "measure"), "Measurement": ("steptp_env.measure", "Measurement"),
          "Protocol": ("steptp_env.measure", "Protocol"), "ResultStore": ("steptp_env.measure", "ResultStore")}
 
-__all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "SignatureError", "LoweringError",
+__all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "SignatureError", "LoweringError", "IllegalActionError",
            "BuildError", *_LAZY]
 
 

@@ -20,6 +20,8 @@ from .ir.ast import all_loops, equations
 app = typer.Typer(help="steptp_env: LEIR programs, lowering to TVM, measurement.", no_args_is_help=True)
 leir_app = typer.Typer(help="Work with one LEIR program: parse, print, lower, run.", no_args_is_help=True)
 app.add_typer(leir_app, name="leir")
+costmodel_app = typer.Typer(help="The XGBoost cost model: train on a result store, evaluate.", no_args_is_help=True)
+app.add_typer(costmodel_app, name="costmodel")
 cache_app = typer.Typer(help="The result store (SQLite): statistics, export, pruning.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 workloads_app = typer.Typer(help="The workload suite: PyTorch modules translated to LEIR.", no_args_is_help=True)
@@ -181,6 +183,53 @@ def cache_prune(failed: bool = typer.Option(True, help="delete records of failed
     with ResultStore(store) as db:
         removed = db.prune(failed, None if older_than_days is None else older_than_days * 86400)
     console.print(f"removed {removed} records")
+
+
+@costmodel_app.command("train")
+def costmodel_train(out: Path = typer.Argument(..., help="directory to save the model in"),
+                    store: Optional[Path] = typer.Option(None, help=STORE_HELP),
+                    measure_per_workload: int = typer.Option(0, help="first measure this many programs of every "
+                                                             "suite workload at `small` into the store"),
+                    members: int = typer.Option(5, help="ensemble members (the spread gives the uncertainty)"),
+                    seed: int = typer.Option(0)) -> None:
+    """Train on the store's measurements (of this machine) and save the model."""
+    from .costmodel.dataset import collect, train
+    from .measure import ResultStore
+    from .workloads import list_workloads
+
+    with ResultStore(store) as db:
+        if measure_per_workload:
+            collect(db, list_workloads(), measure_per_workload, seed=seed)
+        try:
+            model = train(db, members=members, seed=seed)
+        except ValueError as exc:
+            _fail(exc)
+        model.save(out)
+    console.print(f"trained on {model.fitted_on} programs of {model.meta['workloads']} workloads; saved to {out}")
+
+
+@costmodel_app.command("eval")
+def costmodel_eval(model_dir: Path = typer.Argument(..., help="a saved model directory"),
+                   store: Optional[Path] = typer.Option(None, help=STORE_HELP),
+                   workloads: Optional[str] = typer.Option(None, help="glob of the workloads to evaluate on")) -> None:
+    """a-peak@32, p-rmse, pairwise accuracy and Kendall tau of a model on the store's measurements."""
+    from .costmodel import CostModel, report
+    from .costmodel.dataset import load_dataset
+    from .measure import ResultStore
+    from .workloads import list_workloads
+
+    model = CostModel.load(model_dir)
+    with ResultStore(store) as db:
+        X, y, groups = load_dataset(db, list_workloads(workloads) if workloads else None)
+    if len(y) == 0:
+        _fail(ValueError("no measured programs to evaluate on"))
+    metrics = report(model.predict(X)[0], y, groups)
+    table = Table(title=f"{len(y)} programs of {len(set(groups))} workloads")
+    table.add_column("metric")
+    table.add_column("value")
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.3f}")
+    console.print(table)
 
 
 @app.command("demo")

@@ -1,0 +1,62 @@
+"""Cost-model quality on held-out workloads.
+
+Measures `--per-workload` programs of every suite workload at `small` (the start program and programs
+reached by seeded random action sequences) into a result store, trains on 80% of the workloads and
+evaluates on the other 20%: a-peak@32, p-rmse, pairwise accuracy and Kendall tau, written to
+benchmarks/results/costmodel_eval.md. With --save DIR the model trained on all workloads is saved there
+(how the packaged default model is made).
+
+    python benchmarks/costmodel_eval.py [--per-workload 10] [--store PATH] [--save DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from steptp_env.costmodel import report
+from steptp_env.costmodel.dataset import collect, load_dataset, split_workloads, train
+from steptp_env.measure import Protocol, ResultStore
+from steptp_env.workloads import list_workloads
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-workload", type=int, default=10)
+    parser.add_argument("--store", type=Path, default=RESULTS / "costmodel_store.sqlite")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--save", type=Path, default=None)
+    args = parser.parse_args()
+    start = time.time()
+    uris = list_workloads()
+    protocol = Protocol(threads=args.threads)
+    with ResultStore(args.store) as store:
+        new = collect(store, uris, args.per_workload, protocol=protocol,
+                      progress=lambda uri, n: print(f"\r{n} measured ({uri})", end="", flush=True))
+        print()
+        train_uris, test_uris = split_workloads(uris, 0.2, seed=0)
+        model = train(store, train_uris)
+        X, y, groups = load_dataset(store, test_uris)
+        predicted, _ = model.predict(X)
+        metrics = report(predicted, y, groups, k=32)
+        total = len(load_dataset(store)[1])
+        if args.save:
+            train(store).save(args.save)
+    lines = ["# Cost model on held-out workloads", "",
+             f"{total} measured programs over {len(uris)} workloads at `small` ({new} new this run; protocol "
+             f"{protocol.key}; load average {os.getloadavg()[0]:.2f}); trained on {len(train_uris)} workloads, "
+             f"evaluated on {len(test_uris)} held-out workloads ({len(y)} programs). {time.time() - start:.0f} s.",
+             "", "| metric | value | target |", "|---|---|---|",
+             f"| a-peak@32 | {metrics['a-peak@32']:.3f} | >= 0.85 |", f"| p-rmse | {metrics['p-rmse']:.3f} | |",
+             f"| pairwise accuracy | {metrics['pairwise_accuracy']:.3f} | >= 0.80 |",
+             f"| Kendall tau | {metrics['kendall_tau']:.3f} | |"]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "costmodel_eval.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Training data for the cost model: measured programs of the suite, reached by random action sequences,
+kept in the result store with their features."""
+from __future__ import annotations
+
+import random
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..measure import Protocol, ResultStore, measure, record_key
+from ..strategies import apply_action, candidates
+from ..workloads import get_workload
+from .features import FEATURE_VERSION, features
+from .model import CostModel
+
+
+def random_programs(program, count: int, max_steps: int, seed: int) -> list:
+    """`count` distinct programs reached from `program` by seeded random candidate sequences (the start
+    program first)."""
+    rng = random.Random(seed)
+    found = {program.leir: program}
+    attempts = 0
+    while len(found) < count and attempts < count * 4:
+        attempts += 1
+        current = program
+        for _ in range(rng.randint(1, max_steps)):
+            actions = candidates(current)
+            if not actions:
+                break
+            current = apply_action(current, rng.choice(actions))
+        found.setdefault(current.leir, current)
+    return list(found.values())[:count]
+
+
+def collect(store: ResultStore, uris: Iterable[str], per_workload: int, preset: str = "small", seed: int = 0,
+            protocol: Protocol | None = None, max_steps: int = 6,
+            progress: Callable[[str, int], None] | None = None) -> int:
+    """Measure `per_workload` programs of each workload into `store` (skipping ones already there);
+    returns how many new records were written."""
+    protocol = protocol or Protocol()
+    written = 0
+    for uri in uris:
+        wl = get_workload(uri, preset=preset)
+        store.add_workload(uri, wl.program, preset)
+        for program in random_programs(wl.program, per_workload, max_steps, seed):
+            key = record_key(program, "llvm", protocol.key)
+            if store.get(key) is not None:
+                continue
+            m = measure(program, wl, "llvm", protocol)
+            store.put(key, m.to_dict(), uri, features(program).tolist() if m.ok else None)
+            written += 1
+            if progress:
+                progress(uri, written)
+    return written
+
+
+def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(features, runtimes in seconds, workload per row) of the store's successful records."""
+    wanted = None if uris is None else set(uris)
+    X, y, groups = [], [], []
+    for record in store.records(ok_only=True):
+        if record["features"] is None or (wanted is not None and record["workload"] not in wanted):
+            continue
+        X.append(record["features"])
+        y.append(record["measurement"]["median_s"])
+        groups.append(record["workload"])
+    return np.asarray(X, np.float32), np.asarray(y, np.float64), groups
+
+
+def split_workloads(uris: list[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Hold whole workloads out: (train, test) URIs, seeded."""
+    shuffled = sorted(uris)
+    random.Random(seed).shuffle(shuffled)
+    cut = max(1, round(len(shuffled) * test_fraction))
+    return sorted(shuffled[cut:]), sorted(shuffled[:cut])
+
+
+def train(store: ResultStore, uris: Iterable[str] | None = None, members: int = 5, seed: int = 0) -> CostModel:
+    X, y, groups = load_dataset(store, uris)
+    if len(y) < 2:
+        raise ValueError(f"the store {store.path} has {len(y)} usable records; measure some first")
+    model = CostModel(members=members, seed=seed).fit(X, y)
+    model.meta.update(workloads=len(set(groups)), feature_version=FEATURE_VERSION)
+    return model

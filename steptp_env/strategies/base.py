@@ -1,0 +1,184 @@
+"""Actions and strategies: the vocabulary of program transformations.
+
+An `Action` is a strategy name with explicit parameters and a canonical text form,
+`loop_split(nest=0, loop=c, factor=32)`, that parses back to an equal object. A `Strategy` enumerates the
+actions legal on a program (`candidates`), applies one (`apply`, pure; `IllegalActionError` with the reason
+when it does not apply), and explains a step in words grounded in the analysis (`explain`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Union
+
+from ..errors import IllegalActionError
+from ..ir.program import Program
+
+Value = Union[int, str, tuple]
+
+STRATEGY_NAMES = (
+    "operator_fusion", "operator_fission", "compute_inline", "expression_splitting",
+    "tensor_concat_to_fuse_operators", "tensor_split_to_decouple_operators", "common_subexpression_elimination",
+    "dead_code_elimination", "expression_reorder", "loop_reorder", "loop_tiling", "loop_split", "loop_fusion",
+    "loop_unrolling", "loop_parallelization", "loop_vectorization", "loop_binding", "reduction_factorization",
+    "cache_read_write", "layout_transformation", "set_storage_scope", "set_storage_layout", "precompute_indices",
+    "factorization", "expand_factorization", "cancellation", "expand_cancellation", "apart", "together",
+    "powsimp", "expand_powsimp", "expand_log", "logsimp", "collect", "expand_collect",
+    "partially_equivalent_then_correct", "normal_loop_max_to_prefix_max", "exponential_split",
+    "multiplicative_split", "additive_split", "normal_loop_summation_on_exp_to_prefix_summation_on_exp",
+    "online_softmax", "flashattention_wo_tiling",
+)
+"""The 43 atomic strategies of Step-TP, in its order."""
+
+_VALUE = re.compile(r"-?\d+|[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _format(value: Value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ",".join(_format(v) for v in value) + "]"
+    return str(value)
+
+
+def _parse_value(text: str) -> Value:
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return tuple(_parse_value(t) for t in _split(inner)) if inner else ()
+    if not _VALUE.fullmatch(text):
+        raise IllegalActionError(f"malformed parameter value {text!r}")
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _split(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0:
+            raise IllegalActionError(f"unbalanced brackets in {text!r}")
+        current += ch
+    if depth:
+        raise IllegalActionError(f"unbalanced brackets in {text!r}")
+    parts.append(current)
+    return parts
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One strategy application: a name and its parameters in the strategy's declared order."""
+
+    strategy: str
+    params: tuple[tuple[str, Value], ...] = ()
+
+    @classmethod
+    def of(cls, strategy: str, **params: Value) -> Action:
+        return cls(strategy, tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+    def __getitem__(self, key: str) -> Value:
+        for name, value in self.params:
+            if name == key:
+                return value
+        raise KeyError(key)
+
+    def get(self, key: str, default: Value | None = None) -> Value | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    @property
+    def text(self) -> str:
+        return f"{self.strategy}(" + ", ".join(f"{k}={_format(v)}" for k, v in self.params) + ")"
+
+    def __str__(self) -> str:
+        return self.text
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """Inverse of `text`; `IllegalActionError` for anything malformed."""
+        match = re.fullmatch(r"\s*([a-z_]+)\s*\((.*)\)\s*", text, re.S)
+        if match is None:
+            raise IllegalActionError(f"not an action: {text!r} (expected name(key=value, ...))")
+        name, body = match.groups()
+        params = []
+        if body.strip():
+            for part in _split(body):
+                key, sep, value = part.partition("=")
+                if not sep or not re.fullmatch(r"\s*[a-z_]+\s*", key):
+                    raise IllegalActionError(f"malformed parameter {part.strip()!r} in {text!r}")
+                params.append((key.strip(), _parse_value(value)))
+        return cls(name, tuple(params))
+
+
+class Strategy:
+    """Base class of the strategies; subclasses set `name` and implement the three methods.
+
+    Each subclass docstring states the preconditions its `apply` checks."""
+
+    name: str = ""
+    params: tuple[str, ...] = ()
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        raise NotImplementedError
+
+    def apply(self, program: Program, action: Action) -> Program:
+        raise NotImplementedError
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        raise NotImplementedError
+
+    def infer(self, before: Program, after: Program) -> list[Action]:
+        """Actions outside the candidate menu that turn `before` into `after` (e.g. a split factor the menu
+        does not offer); used by `identify`. Default: none."""
+        return []
+
+    # helpers for subclasses
+    def action(self, **params: Value) -> Action:
+        return Action.of(self.name, **params)
+
+    def check(self, action: Action) -> None:
+        if action.strategy != self.name:
+            raise IllegalActionError(f"{action.text} is not a {self.name} action")
+        names = [k for k, _ in action.params]
+        if sorted(names) != sorted(self.params):
+            raise IllegalActionError(f"{self.name} takes parameters {', '.join(self.params)}; got {', '.join(names)}")
+
+
+REGISTRY: dict[str, Strategy] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    if cls.name not in STRATEGY_NAMES:
+        raise ValueError(f"{cls.name!r} is not a Step-TP strategy name")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        known = "implemented" if name in STRATEGY_NAMES else "known"
+        raise IllegalActionError(f"strategy {name!r} is not {known} here") from None
+
+
+def candidates(program: Program, target: str = "llvm") -> list[Action]:
+    """Every legal action of every implemented strategy, in the order of `STRATEGY_NAMES`."""
+    found: list[Action] = []
+    for name in STRATEGY_NAMES:
+        if name in REGISTRY:
+            found.extend(REGISTRY[name].candidates(program, target))
+    return found
+
+
+def apply_action(program: Program, action: Action | str) -> Program:
+    """Apply one action (an `Action` or its text); `IllegalActionError` when it does not apply."""
+    if isinstance(action, str):
+        action = Action.parse(action)
+    strategy = get_strategy(action.strategy)
+    strategy.check(action)
+    return strategy.apply(program, action)

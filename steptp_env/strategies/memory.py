@@ -1,0 +1,1050 @@
+"""Memory strategies: where intermediate values live and how they are laid out.
+
+reduction_factorization  split a reduction over one loop into two partial reductions and a combine nest
+cache_read_write         stage the reads of a tensor (or the writes of a result) through a cache copy
+layout_transformation    copy a tensor read by a nest into a new tensor with another layout
+set_storage_scope        move an intermediate to global, local or shared memory
+set_storage_layout       change the layout of an intermediate in place (every access re-indexed)
+precompute_indices       hoist an affine subscript into an int64 index tensor computed by its own nest
+
+New nests (copies, partial reductions, index tensors) follow the reference's form: they are placed right
+next to the nest they serve, iterate over the loops whose variables their subscripts use, and in a program
+bound to the GPU the first loop of a new nest without a bound loop becomes `B^{N}_{tx}`, as the reference
+binds dimension 0 of every nest.
+
+A layout is a list of groups, one per dimension of the new tensor: `k` keeps old dimension k, `[k1,k2]`
+merges old dimensions into one row-major dimension (k1 slowest), `[k,div,f]` and `[k,mod,f]` split old
+dimension k into `i//f` and `i%f`. `[1,0]` transposes a matrix, `[[1,0]]` stores it flattened column-major,
+`[[0,div,4],[0,mod,4],1]` splits its rows into blocks of four.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+from ..errors import IllegalActionError, SignatureError
+from ..ir.analysis import index_range, loop_iterations, reads, reduction, scans, writes
+from ..ir.ast import (Access, BinOp, Call, Const, Equation, Expr, Loop, Nest, Var, accesses, all_loops, children,
+                      equations, free_vars, map_children, replace_accesses)
+from ..ir.printer import print_expr
+from ..ir.program import Program
+from .base import Action, Strategy, register
+from .util import factor_menu, fresh_loop_var, fresh_tensor, loop_in, nest_at
+
+LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
+"""The largest local buffer the CPU lowering keeps local (`steptp_env.lower.tir` has the same limit; it is
+not imported here so that the strategies load without TVM)."""
+
+SHARED_MEMORY_BYTES = 48 * 1024
+"""Shared memory a CUDA thread block can statically allocate; larger caches stay global."""
+
+MAX_THREADS_PER_BLOCK = 1024
+"""CUDA's limit on threads per block: a new nest binds a loop shorter than this, as the reference does."""
+
+SCOPE_NAMES = {"g": "global", "l": "local", "s": "shared"}
+
+# ---------------------------------------------------------------------------------------------------------
+# Shared helpers: sites, rewriting, new nests
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> None:
+    raise IllegalActionError(message)
+
+
+def _rebuild(program: Program, nests: list[Nest] | tuple[Nest, ...]) -> Program:
+    """The program with new nests; an invalid result is an illegal action, with the validator's reason."""
+    try:
+        return program.replace_nests(nests)
+    except SignatureError as exc:
+        raise IllegalActionError(f"the result would not be a valid program: {exc}") from None
+
+
+def _value_accesses(expr: Expr) -> Iterator[Access]:
+    """Accesses read as values, in source order; index tensors inside subscripts are not values."""
+    if isinstance(expr, Access):
+        yield expr
+        return
+    for child in children(expr):
+        yield from _value_accesses(child)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """One access in a nest: the loops around its equation, the access, whether it is the written one."""
+
+    loops: tuple[Loop, ...]
+    access: Access
+    is_write: bool
+
+
+def _sites(nest: Nest) -> list[_Site]:
+    """Every value access of a nest in source order: each equation's target, then its reads."""
+    found = []
+    for loops, eq in equations(nest):
+        found.append(_Site(loops, eq.lhs, True))
+        found.extend(_Site(loops, acc, False) for acc in _value_accesses(eq.rhs))
+    return found
+
+
+def _map_equations(nest: Nest, fn: Callable[[tuple[Loop, ...], Equation], Equation],
+                   outer: tuple[Loop, ...] = ()) -> Nest:
+    """The nest with every equation replaced by `fn(enclosing loops, equation)`."""
+    loops = outer + nest.loops
+    body = tuple(_map_equations(s, fn, loops) if isinstance(s, Nest) else fn(loops, s) for s in nest.body)
+    return replace(nest, body=body)
+
+
+def _map_accesses(nest: Nest, fn: Callable[[Access], Expr], binding: dict[str, int] | None = None) -> Nest:
+    """Every access of a nest (targets and index tensors included) replaced by `fn(access)`; with `binding`
+    (loop variable -> extent), only in equations whose loops bind those variables to those extents (sibling
+    inner nests may reuse a variable name with another extent)."""
+
+    def rewrite(loops: tuple[Loop, ...], eq: Equation) -> Equation:
+        if binding is not None and _binding(loops, set(binding)) != binding:
+            return eq
+        return Equation(replace_accesses(eq.lhs, fn), replace_accesses(eq.rhs, fn))
+
+    return _map_equations(nest, rewrite)
+
+
+def _binding(loops: tuple[Loop, ...], names: set[str]) -> dict[str, int]:
+    return {l.var: l.extent for l in loops if l.var in names}
+
+
+def _site_binding(site: _Site) -> dict[str, int]:
+    """The extents of the loops a site's subscripts use."""
+    return _binding(site.loops, _vars_of(site.access.indices))
+
+
+def _substitute(expr: Expr, mapping: dict[str, Expr]) -> Expr:
+    if isinstance(expr, Var):
+        return mapping.get(expr.name, expr)
+    return map_children(expr, lambda k: _substitute(k, mapping))
+
+
+def _is_gpu(nest: Nest) -> bool:
+    return any(loop.kind == "B" for loop in all_loops(nest))
+
+
+def _bind_first(loops: list[Loop], gpu: bool) -> dict[str, Expr]:
+    """In a GPU program, bind a new nest that has no bound loop to threadIdx.x as the reference does: its
+    first loop shorter than a thread block's limit (else its first loop) becomes `B^{N}_{tx}`. Returns the
+    renaming of that loop's variable to `tx`."""
+    if not gpu or not loops or any(l.kind == "B" or l.var == "tx" for l in loops):
+        return {}
+    pos = next((i for i, l in enumerate(loops) if l.extent < MAX_THREADS_PER_BLOCK), 0)
+    old = loops[pos].var
+    loops[pos] = Loop("B", loops[pos].extent, "tx")
+    return {old: Var("tx")}
+
+
+def _staging_loops(loops: tuple[Loop, ...], wanted: set[str]) -> list[Loop]:
+    """The loops whose variables a new nest needs, in their order; bound loops stay bound, the others
+    become serial (the new nest has its own dependences)."""
+    return [Loop(l.kind if l.kind == "B" else "L", l.extent, l.var) for l in loops if l.var in wanted]
+
+
+def _vars_of(indices: tuple[Expr, ...]) -> set[str]:
+    return {v for index in indices for v in free_vars(index)}
+
+
+def _written_before(program: Program, index: int, name: str) -> bool:
+    return any(name in writes(nest) for nest in program.nests[:index])
+
+
+def _shape(program: Program, name: str) -> tuple[int, ...]:
+    return program.tensors[name].shape
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    bits = 8 if dtype == "bool" else int("".join(ch for ch in dtype if ch.isdigit()))
+    return math.prod(shape) * bits // 8
+
+
+def _extent_of(indices: tuple[Expr, ...], loops: tuple[Loop, ...]) -> tuple[int, ...] | None:
+    """The shape a tensor written at `indices` inside `loops` gets (one past the largest subscript)."""
+    bounds = {l.var: l.extent for l in loops}
+    dims = []
+    for index in indices:
+        rng = index_range(index, bounds)
+        if rng is None or rng[0] < 0:
+            return None
+        dims.append(rng[1] + 1)
+    return tuple(dims)
+
+
+def _applies(strategy: Strategy, program: Program, action: Action) -> bool:
+    """Whether `action` applies (for menus whose legality depends on the parameters, e.g. a split factor)."""
+    try:
+        strategy.apply(program, action)
+    except IllegalActionError:
+        return False
+    return True
+
+
+def _check_tensor_name(value) -> str:
+    if not isinstance(value, str):
+        _fail(f"tensor must be a tensor name, got {value!r}")
+    return value
+
+
+def _scope_menu(nbytes: int | None, target: str) -> str:
+    """The scope a new cache gets: local on the CPU (registers/stack) and shared on the GPU when it is small
+    enough, else global."""
+    small = nbytes is not None
+    if target == "cuda":
+        return "s" if small and nbytes <= SHARED_MEMORY_BYTES else "g"
+    return "l" if small and nbytes <= LOCAL_SCOPE_LIMIT_BYTES else "g"
+
+
+def _new_tensors(before: Program, after: Program) -> list[str]:
+    old = set(before.tensors)
+    return [name for name in after.tensors if name not in old]
+
+
+def _text(expr: Expr) -> str:
+    return print_expr(expr)
+
+
+def _iterations(nest: Nest) -> int:
+    return loop_iterations((nest,))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layouts
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One dimension of a new layout: old dimensions merged row-major, or one part of a split dimension."""
+
+    dims: tuple[int, ...]
+    split: str = ""  # "", "div" or "mod"
+    factor: int = 0
+
+
+def _parse_layout(layout, shape: tuple[int, ...]) -> list[_Group]:
+    """Check a layout against a tensor shape: every old dimension used exactly once (a split dimension by
+    one div and one mod part with the same factor, which must divide it), and not the identity."""
+    if not isinstance(layout, tuple) or not layout:
+        _fail(f"layout must be a non-empty list of groups, got {layout!r}")
+    groups = [_parse_group(item, len(shape)) for item in layout]
+    plain = [d for g in groups if not g.split for d in g.dims]
+    parts = [(g.dims[0], g.split, g.factor) for g in groups if g.split]
+    for dim, kind, factor in parts:
+        partner = "mod" if kind == "div" else "div"
+        if (dim, partner, factor) not in parts or parts.count((dim, kind, factor)) > 1:
+            _fail(f"dimension {dim} needs exactly one div and one mod part with the same factor")
+        if not 1 < factor < shape[dim] or shape[dim] % factor:
+            _fail(f"split factor {factor} does not divide dimension {dim} of extent {shape[dim]} "
+                  "into two proper parts")
+    used = plain + sorted({dim for dim, _, _ in parts})
+    if sorted(used) != list(range(len(shape))) or len(used) != len(set(used)):
+        _fail(f"layout {_format_layout(layout)} must use each of the {len(shape)} dimensions exactly once")
+    if not parts and all(len(g.dims) == 1 for g in groups) and plain == list(range(len(shape))):
+        _fail("the layout is the current one")
+    return groups
+
+
+def _parse_group(item, rank: int) -> _Group:
+    if isinstance(item, int):
+        item = (item,)
+    if not isinstance(item, tuple) or not item:
+        _fail(f"a layout group must be a dimension or a list, got {item!r}")
+    if len(item) == 3 and item[1] in ("div", "mod"):
+        dim, kind, factor = item
+        if not isinstance(dim, int) or not isinstance(factor, int):
+            _fail(f"split group {item!r} must be [dimension, div|mod, factor]")
+        group = _Group((dim,), kind, factor)
+    elif all(isinstance(d, int) for d in item):
+        group = _Group(tuple(item))
+    else:
+        _fail(f"layout group {item!r} is neither a list of dimensions nor [dimension, div|mod, factor]")
+    if any(not 0 <= d < rank for d in group.dims):
+        _fail(f"layout group {item!r} names a dimension outside 0..{rank - 1}")
+    return group
+
+
+def _format_layout(layout) -> str:
+    return Action.of("x", layout=layout).text[len("x(layout="):-1]
+
+
+def _relayout(indices: tuple[Expr, ...], groups: list[_Group], shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The subscripts of the new layout for an access at `indices` of a tensor of `shape`."""
+    out = []
+    for group in groups:
+        if group.split:
+            op = "//" if group.split == "div" else "%"
+            out.append(BinOp(op, indices[group.dims[0]], Const(group.factor)))
+            continue
+        expr = None
+        for pos, dim in enumerate(group.dims):
+            stride = math.prod(shape[d] for d in group.dims[pos + 1:])
+            term = indices[dim] if stride == 1 else BinOp("*", indices[dim], Const(stride))
+            expr = term if expr is None else BinOp("+", expr, term)
+        out.append(expr)
+    return tuple(out)
+
+
+def _derive_layout(old: tuple[Expr, ...], new: tuple[Expr, ...]):
+    """The layout that maps subscripts `old` to `new`, read off the loop variables of each new subscript;
+    None when the old subscripts do not tell their dimensions apart."""
+    dim_of: dict[str, int] = {}
+    for dim, index in enumerate(old):
+        for var in free_vars(index):
+            if dim_of.setdefault(var, dim) != dim:
+                return None
+    layout = []
+    for index in new:
+        if isinstance(index, BinOp) and index.op in ("//", "%") and isinstance(index.rhs, Const):
+            dims = {dim_of.get(v) for v in free_vars(index.lhs)}
+            if len(dims) != 1 or None in dims:
+                return None
+            layout.append((dims.pop(), "div" if index.op == "//" else "mod", index.rhs.value))
+            continue
+        dims = []
+        for var in free_vars(index):
+            if var not in dim_of:
+                return None
+            if dim_of[var] not in dims:
+                dims.append(dim_of[var])
+        if not dims:
+            return None
+        layout.append(dims[0] if len(dims) == 1 else tuple(dims))
+    return tuple(layout)
+
+
+def _layout_menu(shape: tuple[int, ...], loop_order: tuple[int, ...] | None = None) -> list[tuple]:
+    """A few layouts worth trying: the dimensions in loop order (so the innermost loop walks the last
+    dimension), reversed, column-major flattened, and the first dimension split in blocks."""
+    rank = len(shape)
+    menu: list[tuple] = []
+    identity = tuple(range(rank))
+    if loop_order is not None and loop_order != identity:
+        menu.append(loop_order)
+    if rank >= 2:
+        menu.append(tuple(reversed(identity)))
+        menu.append((tuple(reversed(identity)),))
+    factors = factor_menu(shape[0]) if rank else []
+    if factors:
+        f = factors[len(factors) // 2]
+        menu.append(((0, "div", f), (0, "mod", f)) + identity[1:])
+    unique = []
+    for layout in menu:
+        if layout not in unique:
+            unique.append(layout)
+    return unique
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reduction_factorization
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _combine(op: str, lhs: Expr, rhs: Expr) -> Expr:
+    if op in ("max", "min"):
+        return Call(op, (lhs, rhs))
+    return BinOp("*" if op == "*" else "+", lhs, rhs)
+
+
+def _shift_var(expr: Expr, var: str, offset: int) -> Expr:
+    """`expr` with loop variable `var` replaced by `var+offset`; a trailing `+var` becomes `+var+offset`."""
+    shifted = BinOp("+", Var(var), Const(offset))
+    if isinstance(expr, Var):
+        return shifted if expr.name == var else expr
+    if isinstance(expr, BinOp) and expr.op == "+" and expr.rhs == Var(var) and not expr.parens:
+        return BinOp("+", BinOp("+", _shift_var(expr.lhs, var, offset), Var(var)), Const(offset))
+    return map_children(expr, lambda k: _shift_var(k, var, offset))
+
+
+@register
+class ReductionFactorization(Strategy):
+    """Split the reduction of a single-equation nest over loop `loop` at `split`: two partial reductions
+    (iterations `< split` and `>= split`, the second reading at `loop+split`) into fresh tensors, then a
+    combine nest that folds both partials into the target.
+
+    Preconditions: the nest is one equation (no inner nests); the equation is a reduction (`+ - * max min`)
+    whose reduced variables include `loop`; it is not a prefix scan; its target subscripts are distinct
+    loop variables or constants; `0 < split < extent`. The partial tensors have the target's subscript (for
+    a scalar target, the other loops' variables, whose sum the combine nest then takes); the combine nest
+    runs only the target's loops, so each partial is folded once. Reductions start from the operator's
+    identity, so the partials need no initialisation; the combine accumulates into the target when nothing
+    wrote it before, and assigns otherwise (the original reduction ignored any earlier value).
+    """
+
+    name = "reduction_factorization"
+    params = ("nest", "loop", "split")
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        found = []
+        for n, nest in enumerate(program.nests):
+            site = self._site(nest)
+            if site is None:
+                continue
+            loops, eq, red = site
+            for loop in loops:
+                if loop.var in red.reduced_vars and loop.extent >= 2:
+                    for split in sorted({loop.extent // 2, loop.extent - loop.extent // 4}):
+                        if 0 < split < loop.extent:
+                            found.append(self.action(nest=n, loop=loop.var, split=split))
+        return found
+
+    @staticmethod
+    def _site(nest: Nest):
+        """(loops, equation, reduction) of a factorizable single-equation nest, else None."""
+        if len(nest.body) != 1 or not isinstance(nest.body[0], Equation):
+            return None
+        loops, eq = nest.loops, nest.body[0]
+        red = reduction(loops, eq)
+        if red is None or scans(loops, eq) or not _plain_subscripts(eq.lhs):
+            return None
+        return loops, eq, red
+
+    def apply(self, program: Program, action: Action) -> Program:
+        self.check(action)
+        n, var, split = action["nest"], action["loop"], action["split"]
+        nest = nest_at(program, n)
+        loop = loop_in(nest, var)
+        site = self._site(nest)
+        if site is None:
+            _fail(f"nest {n} is not a single reduction equation over plain subscripts that can be factorized "
+                  "(it has several statements, no reduction, a prefix scan, or computed target subscripts)")
+        loops, eq, red = site
+        if var not in red.reduced_vars:
+            _fail(f"loop {var} is not reduced by nest {n} (reduced loops: {', '.join(red.reduced_vars)})")
+        if not isinstance(split, int) or not 0 < split < loop.extent:
+            _fail(f"split must be an integer in 1..{loop.extent - 1} for loop {var} of extent {loop.extent}")
+        first = fresh_tensor(program)
+        second = fresh_tensor(program, {first})
+        target = eq.lhs
+        if target.indices:
+            part_index, combine_loops = target.indices, tuple(l for l in loops if l.var in _vars_of(target.indices))
+        else:
+            combine_loops = tuple(l for l in loops if l.var != var)
+            part_index = tuple(Var(l.var) for l in combine_loops)
+        parts = []
+        for name, extent, offset in ((first, split, 0), (second, loop.extent - split, split)):
+            part = Access(name, target.dtype, target.scope, part_index)
+            rhs = replace_accesses(eq.rhs, lambda a, p=part: p if a == target else a)
+            if offset:
+                rhs = _shift_var(rhs, var, offset)
+            part_loops = tuple(replace(l, extent=extent) if l.var == var else l for l in loops)
+            parts.append(Nest(part_loops, (Equation(part, rhs),)))
+        a, b = (Access(p.body[0].lhs.name, target.dtype, target.scope, part_index) for p in parts)
+        folded = _combine(red.op, a, b)
+        accumulate = bool(set(l.var for l in combine_loops) - _vars_of(target.indices)) \
+            or not _written_before(program, n, target.name)
+        combine = Equation(target, _combine(red.op, target, folded) if accumulate else folded)
+        nests = list(program.nests[:n]) + parts + [Nest(combine_loops, (combine,))] + list(program.nests[n + 1:])
+        return _rebuild(program, nests)
+
+    def infer(self, before: Program, after: Program) -> list[Action]:
+        """The split point of a factorization is the extent of the factored loop in the first partial."""
+        if len(after.nests) != len(before.nests) + 2:
+            return []
+        for n, nest in enumerate(before.nests):
+            part = after.nests[n]
+            if len(part.loops) != len(nest.loops):
+                continue
+            changed = [(old, new) for old, new in zip(nest.loops, part.loops) if old.extent != new.extent]
+            if len(changed) == 1:
+                return [self.action(nest=n, loop=changed[0][0].var, split=changed[0][1].extent)]
+        return []
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        n, var, split = action["nest"], action["loop"], action["split"]
+        nest = before.nests[n]
+        eq = nest.body[0]
+        red = reduction(nest.loops, eq)
+        extent = nest.loop(var).extent
+        parts = after.nests[n:n + 3]
+        names = [p.body[0].lhs.name for p in parts[:2]]
+        combine = parts[2]
+        op = "+" if red.op == "-" else red.op
+        return (f"Factorized the {op}-reduction into {eq.lhs.name} in nest {n} along loop {var} "
+                f"(extent {extent}): nest {n} now accumulates iterations 0..{split - 1} into {names[0]} and "
+                f"nest {n + 1} iterations {split}..{extent - 1} into {names[1]}, reading at {var}+{split}; "
+                f"nest {n + 2} folds the two partials into {eq.lhs.name} with "
+                f"{_iterations(combine)} iteration(s). This is legal because {var} is a reduced loop of "
+                f"{eq.lhs.name} (absent from its subscript), {op} is associative and commutative"
+                f"{' (floats may round differently)' if op in ('+', '*') else ''}, and every reduction starts "
+                f"from the identity of {op}, so each partial starts clean. The two partial nests are "
+                f"independent of each other, which exposes parallel work along the reduction; the total "
+                f"work grows from {loop_iterations(before.nests)} to {loop_iterations(after.nests)} loop "
+                f"iterations because of the combine nest.")
+
+
+def _plain_subscripts(acc: Access) -> bool:
+    """Subscripts that are distinct loop variables or integer constants (each written element is one
+    element of the loops' iteration space)."""
+    names = [i.name for i in acc.indices if isinstance(i, Var)]
+    plain = all(isinstance(i, Var) or (isinstance(i, Const) and i.is_int) for i in acc.indices)
+    return plain and len(names) == len(set(names))
+
+
+def _copy_source(program: Program, n: int, tensor: str) -> tuple[_Site | None, str]:
+    """The first value read of `tensor` in nest n that a copy nest placed before it can serve, or None and
+    why not: the nest must not write `tensor`, and the subscripts must read no index tensor and stay
+    inside `tensor` (a guarded read such as `c-2` under `if_then_else` would be read unguarded)."""
+    nest = program.nests[n]
+    if tensor not in program.tensors:
+        return None, f"no tensor {tensor!r} in the program"
+    if tensor in writes(nest):
+        return None, f"nest {n} writes {tensor}: a copy made before it would not see those writes"
+    site = _read_site(nest, tensor)
+    if site is None:
+        return None, f"nest {n} does not read {tensor} as a value"
+    source = site.access
+    if any(True for i in source.indices for _ in accesses(i)):
+        return None, f"the subscripts of {_text(source)} read an index tensor"
+    reach = _extent_of(source.indices, site.loops)
+    if reach is None or any(r > d for r, d in zip(reach, _shape(program, tensor))):
+        return None, (f"{_text(source)} can reach outside {tensor} (a guarded read); an unguarded copy "
+                      "would read out of bounds")
+    return site, ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cache_read_write
+# ---------------------------------------------------------------------------------------------------------
+
+
+@register
+class CacheReadWrite(Strategy):
+    """Stage accesses of `tensor` in nest `nest` through a new cache tensor in scope `scope`.
+
+    `mode=read`: a copy nest placed just before the nest copies `tensor` at the subscripts of its first read
+    there (over the loops those subscripts use) and every read at those subscripts reads the cache instead.
+    Preconditions: the nest reads `tensor` as a value and does not write it (so the copy sees the values the
+    nest would read); the subscripts hold no index tensor and stay inside `tensor` for every iteration (a
+    read guarded by `if_then_else`, like a padding's `c-2`, would be copied unguarded).
+    `mode=write`: the nest computes into the cache and a copy nest placed just after it copies the result
+    out. Preconditions: every equation of the nest that writes `tensor` writes the same subscripts, and no
+    earlier nest writes `tensor` (the cache starts where the tensor started: fresh).
+    Scopes: `g`, `l`, `s`; candidates offer local memory on the CPU and shared memory on the GPU when the
+    cache is small enough, global memory otherwise.
+    """
+
+    name = "cache_read_write"
+    params = ("nest", "tensor", "mode", "scope")
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        found = []
+        for n, nest in enumerate(program.nests):
+            for tensor, mode in self._sites(program, n):
+                size = self._cache_bytes(program, n, tensor, mode)
+                found.append(self.action(nest=n, tensor=tensor, mode=mode, scope=_scope_menu(size, target)))
+        return found
+
+    @staticmethod
+    def _sites(program: Program, n: int) -> list[tuple[str, str]]:
+        """(tensor, mode) of every cacheable read and write of nest n, in source order."""
+        nest = program.nests[n]
+        reads_ = [(name, "read") for name in dict.fromkeys(s.access.name for s in _sites(nest) if not s.is_write)
+                  if _copy_source(program, n, name)[0]]
+        return reads_ + [(name, "write") for name in writes(nest) if _write_cache_site(program, n, name) is None]
+
+    @staticmethod
+    def _cache_bytes(program: Program, n: int, tensor: str, mode: str) -> int | None:
+        site = _read_site(program.nests[n], tensor) if mode == "read" else _first_write(program.nests[n], tensor)
+        shape = _extent_of(site.access.indices, site.loops)
+        return None if shape is None else _nbytes(shape, program.tensors[tensor].dtype)
+
+    def apply(self, program: Program, action: Action) -> Program:
+        self.check(action)
+        n, tensor, mode, scope = action["nest"], action["tensor"], action["mode"], action["scope"]
+        nest = nest_at(program, n)
+        _check_tensor_name(tensor)
+        if scope not in SCOPE_NAMES:
+            _fail(f"scope must be one of g, l, s; got {scope!r}")
+        if tensor not in program.tensors:
+            _fail(f"no tensor {tensor!r} in the program")
+        cache = fresh_tensor(program)
+        if mode == "read":
+            return self._cache_read(program, n, nest, tensor, cache, scope)
+        if mode == "write":
+            return self._cache_write(program, n, nest, tensor, cache, scope)
+        _fail(f"mode must be read or write, got {mode!r}")
+
+    @staticmethod
+    def _cache_read(program: Program, n: int, nest: Nest, tensor: str, cache: str, scope: str) -> Program:
+        site, reason = _copy_source(program, n, tensor)
+        if site is None:
+            _fail(reason)
+        source = site.access
+        loops = _staging_loops(site.loops, _vars_of(source.indices))
+        rename = _bind_first(loops, _is_gpu(nest))
+        copy_src = _substitute(source, rename)
+        copy = Nest(tuple(loops), (Equation(Access(cache, source.dtype, scope, copy_src.indices), copy_src),))
+        staged = _map_accesses(nest, lambda a: replace(a, name=cache, scope=scope) if a == source else a,
+                               _site_binding(site))
+        return _rebuild(program, list(program.nests[:n]) + [copy, staged] + list(program.nests[n + 1:]))
+
+    @staticmethod
+    def _cache_write(program: Program, n: int, nest: Nest, tensor: str, cache: str, scope: str) -> Program:
+        reason = _write_cache_site(program, n, tensor)
+        if reason is not None:
+            _fail(reason)
+        site = _first_write(nest, tensor)
+        target = site.access
+        staged = _map_accesses(nest, lambda a: replace(a, name=cache, scope=scope) if a.name == tensor else a)
+        loops = _staging_loops(site.loops, _vars_of(target.indices))
+        rename = _bind_first(loops, _is_gpu(nest))
+        out = _substitute(target, rename)
+        copy = Nest(tuple(loops), (Equation(out, replace(out, name=cache, scope=scope)),))
+        return _rebuild(program, list(program.nests[:n]) + [staged, copy] + list(program.nests[n + 1:]))
+
+    def infer(self, before: Program, after: Program) -> list[Action]:
+        """The reference caches in local memory whatever the size: take the scope from the new tensor."""
+        scopes = sorted({after.tensors[t].scope for t in _new_tensors(before, after)})
+        return [self.action(nest=n, tensor=t, mode=m, scope=s)
+                for n in range(len(before.nests)) for t, m in self._sites(before, n) for s in scopes]
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        n, tensor, mode, scope = action["nest"], action["tensor"], action["mode"], action["scope"]
+        cache = _new_tensors(before, after)[0]
+        info = after.tensors[cache]
+        size = _nbytes(info.shape, info.dtype)
+        where = SCOPE_NAMES[scope]
+        if mode == "read":
+            site = _read_site(before.nests[n], tensor)
+            copy_nest, user = after.nests[n], after.nests[n + 1]
+            reads_count = sum(1 for s in _sites(user) if s.access.name == cache)
+            reuse = _iterations(user) / max(1, math.prod(info.shape))
+            return (f"Staged the reads of {_text(site.access)} in nest {n} through the cache {cache} "
+                    f"({'x'.join(map(str, info.shape)) or 'scalar'}, {size} bytes, {where} memory): the new "
+                    f"nest {n} copies it in {_iterations(copy_nest)} iteration(s) and nest {n + 1} reads the "
+                    f"cache at {reads_count} place(s) instead of {tensor}. Legal because nest {n} reads "
+                    f"{tensor} but does not write it and the subscripts stay inside {tensor}, so the copy "
+                    f"holds exactly the values it would read. Nest {n + 1} runs {_iterations(user)} iterations "
+                    f"over {math.prod(info.shape)} cached element(s), about {reuse:.3g} reads per element, now "
+                    f"from {where} memory: the copy pays off when that reuse is high and {where} memory is "
+                    f"faster than where {tensor} lives.")
+        copy_nest, nest = after.nests[n + 1], before.nests[n]
+        per_element = _iterations(nest) / max(1, math.prod(info.shape))
+        gain = (f"nest {n} writes each element about {per_element:.3g} times, now in {where} memory, and "
+                f"{tensor} is written once per element" if per_element > 1 else
+                f"nest {n} writes each element once, so the cache only pays off as a staging step for later "
+                f"transformations of nest {n}")
+        return (f"Redirected the writes of {tensor} in nest {n} to the cache {cache} "
+                f"({'x'.join(map(str, info.shape)) or 'scalar'}, {size} bytes, {where} memory) and added nest "
+                f"{n + 1}, which copies the result out to {tensor} in {_iterations(copy_nest)} iteration(s). "
+                f"Legal because no earlier nest writes {tensor}, so the cache starts from the same state, and "
+                f"every write of {tensor} in nest {n} uses the same subscripts, which the copy-out covers. "
+                f"Cost: {gain}.")
+
+
+def _read_site(nest: Nest, tensor: str) -> _Site | None:
+    return next((s for s in _sites(nest) if not s.is_write and s.access.name == tensor), None)
+
+
+def _first_write(nest: Nest, tensor: str) -> _Site | None:
+    return next((s for s in _sites(nest) if s.is_write and s.access.name == tensor), None)
+
+
+def _write_cache_site(program: Program, n: int, tensor: str) -> str | None:
+    """Why the writes of `tensor` in nest n cannot go through a cache (None when they can)."""
+    nest = program.nests[n]
+    written_at = [s for s in _sites(nest) if s.is_write and s.access.name == tensor]
+    if not written_at:
+        return f"nest {n} does not write {tensor}"
+    spans = {(s.access, tuple(sorted(_site_binding(s).items()))) for s in written_at}
+    if len(spans) > 1:
+        return (f"nest {n} writes {tensor} at {len(spans)} different subscripts or loop extents; one copy-out "
+                "cannot cover them")
+    if _written_before(program, n, tensor):
+        return f"{tensor} is written before nest {n}; a fresh cache would lose those values"
+    if any(True for i in written_at[0].access.indices for _ in accesses(i)):
+        return f"the subscripts of {tensor} in nest {n} read an index tensor"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# layout_transformation
+# ---------------------------------------------------------------------------------------------------------
+
+
+@register
+class LayoutTransformation(Strategy):
+    """Copy `tensor`, as read by nest `nest`, into a new tensor with layout `layout` (see the module
+    docstring) and make the nest read the copy.
+
+    The copy nest is placed just before the nest and covers the elements of the first read of `tensor`
+    there; every read at the same subscripts is re-indexed into the copy. A split group copies over the
+    split loop (`[k,div,f]`/`[k,mod,f]` need dimension k's subscript to be a plain loop variable whose
+    extent f divides and which no other subscript uses). Preconditions: as for a read cache (the nest reads
+    `tensor` and does not write it; the subscripts hold no index tensor and stay inside `tensor`); the
+    layout uses every dimension once and is not the identity. The layout's dimensions are the extents the
+    subscripts reach (the reference's strides), so the copy is one-to-one on the elements read.
+    """
+
+    name = "layout_transformation"
+    params = ("nest", "tensor", "layout")
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        found = []
+        for n, nest in enumerate(program.nests):
+            for tensor in dict.fromkeys(s.access.name for s in _sites(nest) if not s.is_write):
+                site, _ = _copy_source(program, n, tensor)
+                if site is None or not site.access.indices:
+                    continue
+                shape = _extent_of(site.access.indices, site.loops)
+                for layout in _layout_menu(shape, _loop_order(site)):
+                    action = self.action(nest=n, tensor=tensor, layout=layout)
+                    if _applies(self, program, action):
+                        found.append(action)
+        return found
+
+    def apply(self, program: Program, action: Action) -> Program:
+        self.check(action)
+        n, tensor, layout = action["nest"], action["tensor"], action["layout"]
+        nest = nest_at(program, n)
+        _check_tensor_name(tensor)
+        site, reason = _copy_source(program, n, tensor)
+        if site is None:
+            _fail(reason)
+        source = site.access
+        if not source.indices:
+            _fail(f"{tensor} is a scalar; it has no layout to change")
+        shape = _extent_of(source.indices, site.loops)
+        groups = _parse_layout(layout, shape)
+        copy_name = fresh_tensor(program)
+        new_read = Access(copy_name, source.dtype, "g", _relayout(source.indices, groups, shape))
+        copy = _layout_copy(nest, site, groups, shape, copy_name)
+        staged = _map_accesses(nest, lambda a: new_read if a == source else a, _site_binding(site))
+        return _rebuild(program, list(program.nests[:n]) + [copy, staged] + list(program.nests[n + 1:]))
+
+    def infer(self, before: Program, after: Program) -> list[Action]:
+        """Read the layout off the first re-indexed read in the nest after the new copy nest."""
+        if len(after.nests) != len(before.nests) + 1:
+            return []
+        for n, nest in enumerate(before.nests):
+            if after.nests[n] == nest:
+                continue
+            copy, staged = after.nests[n], after.nests[n + 1] if n + 1 < len(after.nests) else None
+            if staged is None or len(writes(copy)) != 1:
+                return []
+            new_name = writes(copy)[0]
+            for old, new in zip(_sites(nest), _sites(staged)):
+                if new.access.name == new_name and old.access.name != new_name:
+                    layout = _derive_layout(old.access.indices, new.access.indices)
+                    if layout is None:
+                        return []
+                    return [self.action(nest=n, tensor=old.access.name, layout=layout)]
+            return []
+        return []
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        n, tensor, layout = action["nest"], action["tensor"], action["layout"]
+        site = _read_site(before.nests[n], tensor)
+        copy = after.nests[n]
+        new_name = writes(copy)[0]
+        new_read = next(s.access for s in _sites(after.nests[n + 1]) if s.access.name == new_name)
+        shape = _shape(before, tensor)
+        return (f"Copied {tensor} ({'x'.join(map(str, shape))}) as read by nest {n} into {new_name} with layout "
+                f"{_format_layout(layout)} ({'x'.join(map(str, after.tensors[new_name].shape))}): the new nest "
+                f"{n} fills it in {_iterations(copy)} iteration(s) and nest {n + 1} reads {_text(new_read)} "
+                f"where it read {_text(site.access)}. Legal because nest {n} does not write {tensor}, its "
+                f"subscripts stay inside {tensor}, and the new subscripts are a one-to-one map of the old ones "
+                f"(strides from the extents they reach). The copy costs one pass over the elements read; it "
+                f"pays off when the new order makes the innermost loop of nest {n + 1} walk consecutive "
+                f"addresses.")
+
+
+def _loop_order(site: _Site) -> tuple[int, ...] | None:
+    """The permutation of dimensions that sorts them by the position of the innermost loop variable of
+    their subscripts (so the innermost loop walks the last dimension); None when some dimension has no
+    loop variable."""
+    position = {l.var: i for i, l in enumerate(site.loops)}
+    keys = []
+    for index in site.access.indices:
+        places = [position[v] for v in free_vars(index) if v in position]
+        if not places:
+            return None
+        keys.append(max(places))
+    return tuple(sorted(range(len(keys)), key=lambda d: (keys[d], d)))
+
+
+def _layout_copy(nest: Nest, site: _Site, groups: list[_Group], shape: tuple[int, ...], name: str) -> Nest:
+    """The nest that fills the re-laid-out copy of the access at `site`. A split copies over the tensor's
+    dimensions in order (the reference's form), with the split loop cut into an outer loop over the blocks
+    and the old loop over the block."""
+    source = site.access
+    split = next((g for g in groups if g.split), None)
+    target = _relayout(source.indices, groups, shape)
+    if split is None:
+        loops = _staging_loops(site.loops, _vars_of(source.indices))
+        rename = _bind_first(loops, _is_gpu(nest))
+        write = Access(name, source.dtype, "g", tuple(_substitute(t, rename) for t in target))
+        return Nest(tuple(loops), (Equation(write, _substitute(source, rename)),))
+    dim, factor = split.dims[0], split.factor
+    var = source.indices[dim]
+    if not isinstance(var, Var) or sum(var.name in free_vars(i) for i in source.indices) != 1:
+        _fail(f"splitting dimension {dim} needs a plain loop variable subscript used nowhere else, "
+              f"got {_text(var)}")
+    extents = {l.var: l for l in site.loops}
+    order = dict.fromkeys(v for index in source.indices for v in free_vars(index))
+    loops = _staging_loops(tuple(extents[v] for v in order), set(order))
+    pos = list(order).index(var.name)
+    outer = fresh_loop_var(nest)
+    loops[pos:pos + 1] = [Loop("L", loops[pos].extent // factor, outer), replace(loops[pos], extent=factor)]
+    target = tuple(Var(outer) if g.split == "div" else var if g.split == "mod" else t for g, t in zip(groups, target))
+    read = _substitute(source, {var.name: BinOp("+", BinOp("*", Var(outer), Const(factor)), var)})
+    rename = _bind_first(loops, _is_gpu(nest))
+    write = Access(name, source.dtype, "g", tuple(_substitute(t, rename) for t in target))
+    return Nest(tuple(loops), (Equation(write, _substitute(read, rename)),))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# set_storage_scope
+# ---------------------------------------------------------------------------------------------------------
+
+
+@register
+class SetStorageScope(Strategy):
+    """Move intermediate `tensor` to memory scope `scope` (`g` global, `l` local, `s` shared): every access
+    of it names the new scope.
+
+    Preconditions: `tensor` is an intermediate (signature tensors live where the caller put them) and
+    `scope` differs from its current one. Scopes never change values. Candidates offer global and local on
+    the CPU, and also shared on the GPU.
+    """
+
+    name = "set_storage_scope"
+    params = ("tensor", "scope")
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        menu = ("g", "l", "s") if target == "cuda" else ("g", "l")
+        return [self.action(tensor=name, scope=scope)
+                for name, info in program.intermediates.items() for scope in menu if scope != info.scope]
+
+    def apply(self, program: Program, action: Action) -> Program:
+        self.check(action)
+        tensor, scope = _check_tensor_name(action["tensor"]), action["scope"]
+        _check_intermediate(program, tensor)
+        if scope not in SCOPE_NAMES:
+            _fail(f"scope must be one of g, l, s; got {scope!r}")
+        if program.tensors[tensor].scope == scope:
+            _fail(f"{tensor} is already in {SCOPE_NAMES[scope]} memory")
+        nests = [_map_accesses(nest, lambda a: replace(a, scope=scope) if a.name == tensor else a)
+                 for nest in program.nests]
+        return _rebuild(program, nests)
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        tensor, scope = action["tensor"], action["scope"]
+        info = before.tensors[tensor]
+        size = _nbytes(info.shape, info.dtype)
+        writers = [i for i, nest in enumerate(before.nests) if tensor in writes(nest)]
+        readers = [i for i, nest in enumerate(before.nests) if tensor in reads(nest)]
+        effect = {"l": f"on the CPU a local buffer of at most {LOCAL_SCOPE_LIMIT_BYTES} bytes lives on the "
+                       "stack (larger ones stay global); on the GPU it is per-thread registers/local memory",
+                  "s": "shared memory is on-chip and shared by a thread block, much faster than global memory "
+                       f"but limited to about {SHARED_MEMORY_BYTES} bytes per block",
+                  "g": "global memory holds any size and is visible to every nest and thread"}[scope]
+        return (f"Moved the intermediate {tensor} ({'x'.join(map(str, info.shape)) or 'scalar'} {info.dtype}, "
+                f"{size} bytes) from {SCOPE_NAMES[info.scope]} to {SCOPE_NAMES[scope]} memory; it is written "
+                f"by nest(s) {_list(writers)} and read by nest(s) {_list(readers)}, and every access now names "
+                f"the new scope. Legal because {tensor} is not in the signature and a scope only says where "
+                f"the values live, not what they are. Cost: {effect}.")
+
+
+def _check_intermediate(program: Program, tensor: str) -> None:
+    if tensor in program.signature:
+        _fail(f"{tensor} is a {program.signature[tensor].role} in the signature; only intermediates can move")
+    if tensor not in program.tensors:
+        _fail(f"no tensor {tensor!r} in the program")
+
+
+def _list(items: list[int]) -> str:
+    return ", ".join(map(str, items)) if items else "none"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# set_storage_layout
+# ---------------------------------------------------------------------------------------------------------
+
+
+@register
+class SetStorageLayout(Strategy):
+    """Store intermediate `tensor` in layout `layout` (see the module docstring): every write and read of it,
+    in every nest, is re-indexed the same way, with strides from its inferred shape.
+
+    Preconditions: `tensor` is an intermediate of rank >= 1 (the caller fixes the layout of signature
+    tensors); no equation reads it at an element lagging its write (a prefix scan recognises its
+    predecessor by the subscripts, which a merged or split layout would hide); the layout uses each
+    dimension once and is not the identity. The map is one-to-one on the tensor's shape, so every read
+    still finds the value written for it.
+    """
+
+    name = "set_storage_layout"
+    params = ("tensor", "layout")
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        found = []
+        for name, info in program.intermediates.items():
+            if info.shape and not _scanned(program, name):
+                found.extend(self.action(tensor=name, layout=layout) for layout in _layout_menu(info.shape))
+        return found
+
+    def apply(self, program: Program, action: Action) -> Program:
+        self.check(action)
+        tensor, layout = _check_tensor_name(action["tensor"]), action["layout"]
+        _check_intermediate(program, tensor)
+        shape = _shape(program, tensor)
+        if not shape:
+            _fail(f"{tensor} is a scalar; it has no layout to change")
+        if _scanned(program, tensor):
+            _fail(f"{tensor} is a prefix scan (read at an element lagging its write); re-indexing would hide "
+                  "the lag its first element relies on")
+        groups = _parse_layout(layout, shape)
+
+        def relayout(acc: Access) -> Access:
+            return replace(acc, indices=_relayout(acc.indices, groups, shape)) if acc.name == tensor else acc
+
+        return _rebuild(program, [_map_accesses(nest, relayout) for nest in program.nests])
+
+    def infer(self, before: Program, after: Program) -> list[Action]:
+        """Read the layout off the first access whose subscripts changed."""
+        if len(after.nests) != len(before.nests):
+            return []
+        found = []
+        for old_nest, new_nest in zip(before.nests, after.nests):
+            for old, new in zip(_sites(old_nest), _sites(new_nest)):
+                if old.access.name == new.access.name and old.access.indices != new.access.indices:
+                    layout = _derive_layout(old.access.indices, new.access.indices)
+                    action = self.action(tensor=old.access.name, layout=layout)
+                    if layout is not None and action not in found:
+                        found.append(action)
+        return found[:3]
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        tensor, layout = action["tensor"], action["layout"]
+        old_shape, new_shape = before.tensors[tensor].shape, after.tensors[tensor].shape
+        count = sum(1 for nest in before.nests for s in _sites(nest) if s.access.name == tensor)
+        example = next((o.access, n.access) for on, nn in zip(before.nests, after.nests)
+                       for o, n in zip(_sites(on), _sites(nn)) if o.access.name == tensor)
+        return (f"Stored the intermediate {tensor} in layout {_format_layout(layout)}: shape "
+                f"{'x'.join(map(str, old_shape))} becomes {'x'.join(map(str, new_shape))}, and all {count} "
+                f"accesses are re-indexed the same way ({_text(example[0])} becomes "
+                f"{_text(example[1])}). Legal because {tensor} is not in the signature, is not a "
+                f"prefix scan, and the new subscripts are a one-to-one map of the old ones within its shape. "
+                f"No arithmetic changes; what changes is which accesses are consecutive in memory, which "
+                f"decides cache-line and vector use of the loops that walk {tensor}.")
+
+
+def _scanned(program: Program, tensor: str) -> bool:
+    return any(s.tensor == tensor for nest in program.nests for loops, eq in equations(nest)
+               for s in scans(loops, eq))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# precompute_indices
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _affine(expr: Expr) -> bool:
+    """An integer affine expression of loop variables: sums and differences of variables, integer constants
+    and products with a constant factor."""
+    if isinstance(expr, Var):
+        return True
+    if isinstance(expr, Const):
+        return expr.is_int
+    if isinstance(expr, BinOp):
+        if expr.op in ("+", "-"):
+            return _affine(expr.lhs) and _affine(expr.rhs)
+        if expr.op == "*":
+            consts = [isinstance(s, Const) and s.is_int for s in (expr.lhs, expr.rhs)]
+            return any(consts) and _affine(expr.lhs) and _affine(expr.rhs)
+    return False
+
+
+def _precomputable(expr: Expr) -> bool:
+    """Worth an index tensor: affine, uses a loop variable, and is more than a bare variable."""
+    return not isinstance(expr, Var) and bool(free_vars(expr)) and _affine(expr)
+
+
+def _index_site(nest: Nest, tensor: str, dim) -> _Site | None:
+    for site in _sites(nest):
+        acc = site.access
+        if acc.name == tensor and isinstance(dim, int) and 0 <= dim < acc.rank and _precomputable(acc.indices[dim]):
+            return site
+    return None
+
+
+@register
+class PrecomputeIndices(Strategy):
+    """Hoist subscript `dim` of the first access of `tensor` in nest `nest` (an affine expression such as
+    `c-2` or `c*2+d*3`) into a new int64 index tensor, filled by a nest placed just before, over the loops
+    the expression uses; every access of the nest with that same subscript expression reads the index
+    tensor instead.
+
+    Preconditions: the subscript is affine in loop variables, uses at least one, and is not a bare variable
+    (nothing to precompute otherwise). The index tensor holds exactly the values the expression took, so
+    reads find the same elements and tensors written through it keep their inferred shape. Only equations
+    whose loops give the expression's variables the same extents are rewritten.
+    """
+
+    name = "precompute_indices"
+    params = ("nest", "tensor", "dim")
+
+    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        found = []
+        for n, nest in enumerate(program.nests):
+            seen: list[Expr] = []
+            for site in _sites(nest):
+                for dim, index in enumerate(site.access.indices):
+                    if _precomputable(index) and index not in seen:
+                        seen.append(index)
+                        action = self.action(nest=n, tensor=site.access.name, dim=dim)
+                        if _applies(self, program, action):
+                            found.append(action)
+        return found
+
+    def apply(self, program: Program, action: Action) -> Program:
+        self.check(action)
+        n, tensor, dim = action["nest"], _check_tensor_name(action["tensor"]), action["dim"]
+        nest = nest_at(program, n)
+        if not any(s.access.name == tensor for s in _sites(nest)):
+            _fail(f"nest {n} does not access {tensor}")
+        site = _index_site(nest, tensor, dim)
+        if site is None:
+            _fail(f"no access of {tensor} in nest {n} has an affine, non-trivial subscript {dim!r} to precompute")
+        expr = site.access.indices[dim]
+        index_name = fresh_tensor(program)
+        used = free_vars(expr)
+        loops = _staging_loops(site.loops, set(used))
+        order = [l.var for l in loops]
+        rename = _bind_first(loops, _is_gpu(nest))
+        index_read = Access(index_name, "int64", "g", tuple(Var(v) for v in order))
+        write = Equation(Access(index_name, "int64", "g", tuple(_substitute(Var(v), rename) for v in order)),
+                         _substitute(expr, rename))
+        fill = Nest(tuple(loops), (write,))
+        staged = _map_accesses(nest, lambda a: replace(a, indices=tuple(index_read if i == expr else i
+                                                                          for i in a.indices)),
+                               _binding(site.loops, set(used)))
+        return _rebuild(program, list(program.nests[:n]) + [fill, staged] + list(program.nests[n + 1:]))
+
+    def explain(self, before: Program, action: Action, after: Program) -> str:
+        n, tensor, dim = action["nest"], action["tensor"], action["dim"]
+        site = _index_site(before.nests[n], tensor, dim)
+        expr = site.access.indices[dim]
+        fill = after.nests[n]
+        index_name = fill.body[0].lhs.name
+        uses = sum(1 for s in _sites(before.nests[n]) for i in s.access.indices if i == expr)
+        bounds = {l.var: l.extent for l in site.loops}
+        lo, hi = index_range(expr, bounds)
+        return (f"Precomputed the subscript {_text(expr)} of {tensor} in nest {n} into the int64 index "
+                f"tensor {index_name} ({'x'.join(map(str, after.tensors[index_name].shape))}), filled by the new "
+                f"nest {n} in {_iterations(fill)} iteration(s) with values {lo}..{hi}; the {uses} subscript(s) "
+                f"of nest {n + 1} that computed it now read {_text(fill.body[0].lhs)} with the loop "
+                f"variables {', '.join(free_vars(expr))}. Legal because the expression depends only on those "
+                f"loop variables, so the table holds exactly the values it took. Nest {n + 1} runs "
+                f"{_iterations(after.nests[n + 1])} iterations, each replacing index arithmetic by one load; "
+                f"this helps when the arithmetic is costlier than the load or the table is reused.")
+
+
+__all__ = ["ReductionFactorization", "CacheReadWrite", "LayoutTransformation", "SetStorageScope",
+           "SetStorageLayout", "PrecomputeIndices"]

@@ -1,0 +1,57 @@
+"""Helpers shared by the strategies: looking up sites, fresh names, parameter menus."""
+from __future__ import annotations
+
+from ..errors import IllegalActionError
+from ..frontend.emit import _VAR_LETTERS, _tensor_names
+from ..ir.ast import Loop, Nest, all_loops, equations
+from ..ir.program import Program
+
+MAX_FACTORS = 8
+VECTOR_WIDTHS = (4, 8, 16)
+
+
+def nest_at(program: Program, index) -> Nest:
+    if not isinstance(index, int) or not 0 <= index < len(program.nests):
+        raise IllegalActionError(f"no nest {index}: the program has {len(program.nests)} nests")
+    return program.nests[index]
+
+
+def loop_in(nest: Nest, var) -> Loop:
+    for loop in all_loops(nest):
+        if loop.var == var:
+            return loop
+    raise IllegalActionError(f"no loop {var!r} in this nest (loops: {', '.join(l.var for l in all_loops(nest))})")
+
+
+def used_tensor_names(program: Program) -> set[str]:
+    names = {t.name for t in program.signature.tensors}
+    for nest in program.nests:
+        for _, eq in equations(nest):
+            names.add(eq.lhs.name)
+    return names
+
+
+def fresh_tensor(program: Program, taken: set[str] | None = None) -> str:
+    """The first tensor name in Step-TP order (A C D ... Z Aa Ac ...) the program does not use."""
+    used = used_tensor_names(program) | (taken or set())
+    return next(n for n in _tensor_names() if n not in used)
+
+
+def fresh_loop_var(nest: Nest, taken: set[str] | None = None) -> str:
+    """The first loop variable name (a c d f ...) the nest does not use."""
+    used = {l.var for l in all_loops(nest)} | (taken or set())
+    for name in _VAR_LETTERS:
+        if name not in used:
+            return name
+    i = 0
+    while f"a{i}" in used:
+        i += 1
+    return f"a{i}"
+
+
+def factor_menu(extent: int, limit: int = MAX_FACTORS) -> list[int]:
+    """Proper divisors of `extent` (excluding 1 and extent), at most `limit`, favouring powers of two and
+    vector-width multiples, in ascending order: the split/tile factors a strategy offers."""
+    divisors = [d for d in range(2, extent) if extent % d == 0]
+    ranked = sorted(divisors, key=lambda d: (d & (d - 1) != 0, d % 4 != 0, abs(d - 16), d))
+    return sorted(ranked[:limit])
