@@ -50,6 +50,9 @@ def main() -> None:
     with cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for result in pool.map(check_workload, uris):
             rows.extend(result)
+            for row in result:
+                if not row["ok"]:
+                    print(f"FAILED {row['workload']} {row['action']}: {row['reason']}", flush=True)
     table = collections.defaultdict(collections.Counter)
     for row in rows:
         table[row["strategy"]]["ok" if row["ok"] else "failed"] += 1

@@ -6,6 +6,8 @@ scope-mismatch, inconsistent-shape, writes-input, output-not-written, duplicate-
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import SignatureError
 from .analysis import index_range
 from .ast import Access, Const, Neg, Nest, Var, accesses, equations, walk
@@ -31,35 +33,22 @@ def check_program(nests: tuple[Nest, ...], signature: Signature) -> dict[str, Te
     value_ranges: dict[str, tuple[int, int]] = {}  # integer intermediate -> range of the values written
 
     for n, nest in enumerate(nests):
-        nest_writes = {eq.lhs.name for _, eq in equations(nest)}
-        for loops, eq in equations(nest):
-            names = [l.var for l in loops]
-            for var in names:
-                if names.count(var) > 1:
-                    raise SignatureError("duplicate-loop-var", f"loop variable {var!r} is bound twice", var, n)
-            bounds = {l.var: l.extent for l in loops}
-            for node in walk(eq.rhs):
-                if isinstance(node, Var) and node.name not in bounds:
-                    raise SignatureError("undefined-name", f"loop variable {node.name!r} is not bound here",
-                                         node.name, n)
-            for node in (eq.lhs, *accesses(eq.rhs)):
-                for index in node.indices:
-                    for sub in walk(index):
-                        if isinstance(sub, Var) and sub.name not in bounds:
-                            raise SignatureError("undefined-name", f"loop variable {sub.name!r} is not bound here",
-                                                 sub.name, n)
+        summary = _nest_summary(nest)
+        for i, (eq, bounds, lhs_accesses, rhs_reads, index_reads, ranges) in enumerate(summary.equations):
+            if summary.error is not None and summary.error[0] == i:
+                raise SignatureError(*summary.error[1:], n)
             _check_access(eq.lhs, known, meta, n, is_write=True)
-            for acc in (*accesses(eq.lhs), *accesses(eq.rhs)):
+            for acc in lhs_accesses + rhs_reads:
                 _check_access(acc, known, meta, n, is_write=False)
-            for acc in [*accesses(eq.rhs), *(a for i in eq.lhs.indices for a in accesses(i))]:
-                if acc.name not in written and acc.name not in nest_writes and acc.name != eq.lhs.name:
+            for acc in rhs_reads + index_reads:
+                if acc.name not in written and acc.name not in summary.writes and acc.name != eq.lhs.name:
                     spec = known.get(acc.name)
                     if spec is None or spec.role == "output":
                         raise SignatureError("read-before-write", f"{acc.name} is read before it is written",
                                              acc.name, n)
                 if any(_constant(i) is not None for i in acc.indices):
                     constant_reads.append((n, acc))
-            _check_write(eq.lhs, bounds, known, extents, value_ranges, n)
+            _check_write(eq.lhs, bounds, ranges, known, extents, value_ranges, n)
             written.add(eq.lhs.name)
             if eq.lhs.name not in known and is_int(eq.lhs.dtype):
                 _note_value_range(eq, bounds, value_ranges)
@@ -83,6 +72,51 @@ def check_program(nests: tuple[Nest, ...], signature: Signature) -> dict[str, Te
         dtype, scope, *_ = meta[name]
         infos[name] = TensorInfo(name, tuple(dims), dtype, scope, "intermediate")
     return infos
+
+
+@dataclass(frozen=True)
+class _NestSummary:
+    """What validation needs from one nest on its own, computed once per nest object: nests are shared
+    between a program and the programs the strategies derive from it, so only changed nests pay."""
+
+    writes: frozenset[str]
+    equations: tuple  # (equation, loop extents, accesses(lhs), accesses(rhs), accesses in the lhs subscripts,
+    #                    ranges of the lhs subscripts or None)
+    error: tuple | None  # (equation number, kind, message, name) of the first unbound or twice-bound variable
+
+
+_SUMMARIES: dict[int, tuple[Nest, _NestSummary]] = {}
+
+
+def _nest_summary(nest: Nest) -> _NestSummary:
+    hit = _SUMMARIES.get(id(nest))
+    if hit is not None and hit[0] is nest:
+        return hit[1]
+    if len(_SUMMARIES) >= 8192:
+        _SUMMARIES.clear()
+    summary = _summarise(nest)
+    _SUMMARIES[id(nest)] = (nest, summary)  # holding the nest keeps its id from being reused
+    return summary
+
+
+def _summarise(nest: Nest) -> _NestSummary:
+    eqs, error = [], None
+    for i, (loops, eq) in enumerate(equations(nest)):
+        names = [l.var for l in loops]
+        bounds = {l.var: l.extent for l in loops}
+        unbound = [node.name for expr in (eq.rhs, *eq.lhs.indices)
+                   for node in walk(expr) if isinstance(node, Var) and node.name not in bounds]
+        twice = [var for var in names if names.count(var) > 1]
+        if error is None and twice:
+            error = (i, "duplicate-loop-var", f"loop variable {twice[0]!r} is bound twice", twice[0])
+        if error is None and unbound:
+            error = (i, "undefined-name", f"loop variable {unbound[0]!r} is not bound here", unbound[0])
+        index_reads = tuple(a for index in eq.lhs.indices for a in accesses(index))
+        # the write's subscript ranges, unless they go through index tensors (whose values vary by program)
+        ranges = None if index_reads else tuple(index_range(index, bounds, {}) for index in eq.lhs.indices)
+        eqs.append((eq, bounds, tuple(accesses(eq.lhs)), tuple(accesses(eq.rhs)), index_reads, ranges))
+    writes = frozenset(eq.lhs.name for eq, *_ in eqs)
+    return _NestSummary(writes, tuple(eqs), error)
 
 
 def _note_value_range(eq, bounds, value_ranges) -> None:
@@ -127,14 +161,15 @@ def _check_access(acc: Access, known, meta, n: int, is_write: bool) -> None:
                              "subscripts", acc.name, n)
 
 
-def _check_write(lhs: Access, bounds: dict[str, int], known, extents, value_ranges, n: int) -> None:
+def _check_write(lhs: Access, bounds: dict[str, int], local_ranges, known, extents, value_ranges, n: int) -> None:
     spec = known.get(lhs.name)
     if spec is not None and spec.role != "output":
         raise SignatureError("writes-input", f"{lhs.name} is a {spec.role} of the program and may not be written",
                              lhs.name, n)
     dims = extents.setdefault(lhs.name, [0] * lhs.rank) if spec is None else None
     for dim, index in enumerate(lhs.indices):
-        lo_hi = index_range(index, bounds, {k: v for k, v in value_ranges.items() if v is not None})
+        lo_hi = local_ranges[dim] if local_ranges is not None else \
+            index_range(index, bounds, {k: v for k, v in value_ranges.items() if v is not None})
         if lo_hi is None:
             raise SignatureError("unknown-shape", f"cannot bound subscript {dim} of the write to {lhs.name}",
                                  lhs.name, n)
