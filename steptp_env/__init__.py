@@ -17,6 +17,21 @@ __all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "S
            "BuildError", *_LAZY]
 
 
+def _register() -> None:
+    """Gymnasium ids; the entry point is a string, so nothing heavy is imported until `gymnasium.make`."""
+    try:
+        import gymnasium
+    except ImportError:  # the LEIR core works without it
+        return
+    ids = {"steptp_env/StepTP-v0": {}, **{f"steptp_env/StepTP-{m}-v0": {"mode": m} for m in ("measure", "model", "hybrid")}}
+    for env_id, kwargs in ids.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(env_id, entry_point="steptp_env.env:StepTPEnv", kwargs=kwargs)
+
+
+_register()
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..errors import StepTPError
 from ..ir.program import Program
 from .convert import TORCH_TO_DTYPE, UnsupportedOpError, capture, content_uri, convert_graph
 
@@ -85,7 +86,7 @@ class Workload:
         names = [s.name for s in self.program.signature.outputs]
         return {name: leaf.detach().numpy() for name, leaf in zip(names, leaves)}
 
-    # -- persistence (plain JSON + .npz; the module itself is rebuilt by the caller) -----------------
+    # -- persistence (plain JSON + .npz, and the module as a torch.export archive where it exports) ----
     def save(self, directory: Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -95,20 +96,35 @@ class Workload:
                 "ranges": {k: [r.low, r.high] for k, r in self.ranges.items()}}
         (directory / "workload.json").write_text(json.dumps(meta, indent=1) + "\n")
         np.savez(directory / "params.npz", **self.params)
+        inputs = self.make_inputs(0)
+        users = sorted((pos, name) for name, (kind, pos) in self.origin.items() if kind == "input")
+        try:
+            exported = torch.export.export(self.module, tuple(torch.from_numpy(inputs[n]) for _, n in users))
+            torch.export.save(exported, directory / "module.pt2")
+        except Exception:  # noqa: BLE001  (not every module exports; then the caller must pass the module to load)
+            (directory / "module.pt2").unlink(missing_ok=True)
         return directory
 
     @classmethod
-    def load(cls, directory: Path, module: torch.nn.Module) -> Workload:
-        """Load a saved workload; `module` is the PyTorch module it was made from (its parameter values
-        are taken from the saved file, not from the module)."""
+    def load(cls, directory: Path, module: torch.nn.Module | None = None) -> Workload:
+        """Load a saved workload. The reference module is `module` if given (its parameter values are taken
+        from the saved file), else the saved torch.export archive."""
         directory = Path(directory)
         meta = json.loads((directory / "workload.json").read_text())
         with np.load(directory / "params.npz", allow_pickle=False) as data:
             params = {k: data[k] for k in data.files}
+        if module is not None:
+            module = module.eval()
+        else:
+            archive = directory / "module.pt2"
+            if not archive.exists():
+                raise StepTPError(f"{directory} holds no exported module; pass the PyTorch module to load it")
+            module = torch.export.load(archive).module()
         program = Program.parse(meta["leir"], meta["signature"])
         origin = {k: (v[0], v[1]) for k, v in meta["origin"].items()}
         ranges = {k: InputRange(*v) for k, v in meta["ranges"].items()}
-        return cls(meta["uri"], program, module.eval(), origin, params, ranges, meta["preset"])
+        return cls(meta["uri"], program, module, origin, params,
+                   ranges, meta["preset"])
 
 
 def _default_range(t: torch.Tensor) -> InputRange:

@@ -125,10 +125,11 @@ def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
 
 
 def measure(program: Program, workload: Reference, target: str = "llvm", protocol: Protocol | None = None,
-            worker: MeasureWorker | None = None, remote: Remote | str | None = None) -> Measurement:
+            worker: MeasureWorker | None = None, remote: Remote | str | None = None,
+            timing: bool = True) -> Measurement:
     """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
     it if it is equivalent. With `remote` (a `Remote` or `rpc://host:port/key`) the kernel runs on a device
-    leased from that RPC tracker. Never raises for a bad program: failures come back with `error` set."""
+    leased from that RPC tracker. `timing=False` stops after verification (no timings). Never raises for a bad program: failures come back with `error` set."""
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
     if isinstance(remote, str):
@@ -152,6 +153,8 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         m.verify_s = time.perf_counter() - start
         if not m.verify.equivalent:
             m.error = f"not equivalent: {m.verify.reason}"
+            return m
+        if not timing:
             return m
         phase = "timing"
         inputs = _inputs_for_timing(program, workload, protocol)

@@ -34,9 +34,13 @@ class UnknownWorkloadError(StepTPError, KeyError):
         return self.message
 
 
+ALIASES = {"level1/matmul": "level1/matmul_square", "level1/conv2d": "level1/conv2d_square_input_square_kernel"}
+"""Short names the docs use for common workloads."""
+
+
 def spec(uri: str) -> WorkloadSpec:
     """The spec of a URI (`level1/softmax`), or `UnknownWorkloadError` with the closest names."""
-    found = SPECS.get(uri)
+    found = SPECS.get(ALIASES.get(uri, uri))
     if found is not None:
         return found
     close = difflib.get_close_matches(uri, SPECS, n=5, cutoff=0.5)
@@ -56,6 +60,7 @@ def get_workload(uri: str, preset: str = "small", dtype: str = "float32") -> Wor
     """Build the suite workload `uri` at `preset` (tiny, small, default) in `dtype` (float32, float64,
     float16). Raises `UnknownWorkloadError` for an unknown URI or preset, `UnsupportedOpError` when the
     frontend cannot translate the module."""
+    uri = ALIASES.get(uri, uri)
     entry = spec(uri)
     if preset not in entry.presets:
         raise UnknownWorkloadError(f"unknown preset {preset!r} for {uri}; choose one of {', '.join(PRESETS)}")

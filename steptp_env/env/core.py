@@ -1,0 +1,363 @@
+"""`StepTPEnv`: one episode optimises one workload's LEIR program, one atomic strategy per step.
+
+Each accepted step lowers the new program and gets its runtime from the `RuntimeOracle` (measured, from
+the store, or predicted); the reward is `log(t_before / t_after)`, so an episode's return is the log of
+its total speedup. An action that is illegal, fails to build, or is not equivalent gets `penalty`, leaves
+the state as it was and explains itself in `info["error"]`. `step` never raises for anything a policy
+can send; only API misuse does (bad constructor arguments, `step` before `reset`).
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import math
+import string
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from ..costmodel import CostModel, default_model
+from ..costmodel.features import SIZE
+from ..errors import StepTPError
+from ..frontend.workload import Workload
+from ..ir.program import Program
+from ..measure import Protocol, ResultStore
+from ..measure.runner import measure, versions
+from ..strategies import Action, apply_action, get_strategy, identify
+from ..workloads import get_workload, list_workloads
+from .answer import read_proposal
+from .catalog import STOP, ActionCatalog
+from .runtime import MODES, Estimate, RuntimeOracle
+from .state import EnvState
+
+FEATURES = SIZE + 3  # program features, then step fraction, log speedup so far, log runtime
+TEXT_CHARSET = frozenset(string.printable)
+TEXT_LIMIT = 1 << 20
+MODE_METADATA = {
+    "measure": {"deterministic": False, "platform_dependent": True},
+    "model": {"deterministic": True, "platform_dependent": False},
+    "hybrid": {"deterministic": False, "platform_dependent": True},
+}
+
+
+def _squash(x: np.ndarray) -> np.ndarray:
+    """Features span many orders of magnitude; a signed log keeps them in a range networks like."""
+    return np.clip(np.sign(x) * np.log1p(np.abs(x)), -100.0, 100.0).astype(np.float32)
+
+
+class StepTPEnv(gym.Env):
+    """Gymnasium environment over LEIR programs. See the module docstring and README for the contract.
+
+    workload: a suite URI, a glob over suite URIs (`level1/*softmax*`), a list of URIs, or a `Workload`
+    (e.g. from `from_torch`); with several, `reset` samples one with its seed (or takes
+    `options={"workload": uri}`). mode: `measure`, `model` or `hybrid`. action_mode: `index` (Discrete over
+    the fixed catalog) or `text`. obs_mode: `vector` (Dict of features and action mask, for SB3) or `text`.
+    """
+
+    metadata = {"render_modes": ["ansi"], "reward_range": (-math.inf, math.inf)}
+
+    def __init__(self, workload: str | Sequence[str] | Workload = "level1/matmul_square", preset: str = "small",
+                 mode: str = "hybrid", action_mode: str = "index", obs_mode: str = "vector", target: str = "llvm",
+                 dtype: str = "float32", max_steps: int = 32, penalty: float = -1.0,
+                 store: ResultStore | str | Path | None = None, model: CostModel | str | Path | None = None,
+                 protocol: Protocol | None = None, verify_steps: bool | None = None,
+                 render_mode: str | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if action_mode not in ("index", "text") or obs_mode not in ("vector", "text"):
+            raise ValueError("action_mode is 'index' or 'text'; obs_mode is 'vector' or 'text'")
+        if target not in ("llvm", "cuda"):
+            raise ValueError(f"target must be 'llvm' or 'cuda', got {target!r}")
+        self.uris, self._fixed = self._workload_choices(workload)
+        self.preset, self.dtype, self.target, self.mode = preset, dtype, target, mode
+        self.action_mode, self.obs_mode, self.render_mode = action_mode, obs_mode, render_mode
+        self.max_steps, self.penalty = max_steps, penalty
+        self.verify_steps = mode != "model" if verify_steps is None else verify_steps
+        self.metadata = dict(self.metadata, **MODE_METADATA[mode], mode=mode)
+        self.catalog = ActionCatalog()
+        if isinstance(store, (str, Path)) or store is None:
+            store = ResultStore(store)
+        if model is None and mode != "measure":
+            model = default_model()
+        elif isinstance(model, (str, Path)):
+            model = CostModel.load(model)
+        self.oracle = RuntimeOracle(mode, target, protocol or Protocol(), store, model)
+        self._workloads: dict[str, Workload] = {} if self._fixed is None else {self._fixed.uri: self._fixed}
+
+        if action_mode == "index":
+            self.action_space = spaces.Discrete(self.catalog.size)
+        else:
+            self.action_space = spaces.Text(TEXT_LIMIT, charset=TEXT_CHARSET)
+        if obs_mode == "vector":
+            self.observation_space = spaces.Dict({
+                "features": spaces.Box(-100.0, 100.0, (FEATURES,), np.float32),
+                "action_mask": spaces.MultiBinary(self.catalog.size)})
+        else:
+            text = spaces.Text(TEXT_LIMIT, charset=TEXT_CHARSET)
+            self.observation_space = spaces.Dict({"leir": text, "signature": text, "candidates": text})
+        self.workload: Workload | None = None
+        self.program: Program | None = None
+        self._state: EnvState | None = None
+
+    # -- workloads -------------------------------------------------------------------------------------
+    @staticmethod
+    def _workload_choices(workload) -> tuple[list[str], Workload | None]:
+        if isinstance(workload, Workload):
+            return [workload.uri], workload
+        if isinstance(workload, str):
+            uris = list_workloads(workload) if any(c in workload for c in "*?[") else [workload]
+        else:
+            uris = list(workload)
+        if not uris or not all(isinstance(u, str) for u in uris):
+            raise ValueError(f"no workloads match {workload!r}")
+        return uris, None
+
+    def _load(self, uri: str) -> Workload:
+        if uri not in self._workloads:
+            self._workloads[uri] = get_workload(uri, preset=self.preset, dtype=self.dtype)
+        return self._workloads[uri]
+
+    # -- the Gymnasium API -----------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        uri = options.get("workload")
+        if uri is None:
+            uri = self.uris[int(self.np_random.integers(len(self.uris)))] if len(self.uris) > 1 else self.uris[0]
+        self.workload = self._load(uri)
+        self.program = self.workload.program
+        self._state = EnvState(self.workload.uri, self.preset if self._fixed is None else self._fixed.preset,
+                               self.target, self.mode, self.dtype, versions=versions())
+        self._started = time.perf_counter()
+        self._steps = 0
+        start = self.oracle.runtime(self.program, self.workload)
+        if start.runtime_s is None:
+            raise StepTPError(f"the starting program of {uri} has no runtime: {start.error}")
+        self.initial_s = self.runtime_s = self.best_s = start.runtime_s
+        self.best_program = self.program
+        self._estimate = start
+        self._groups = None
+        return self._observation(), self._info(error=None, action=None, estimate=start)
+
+    def step(self, action):
+        if self.program is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        self._steps += 1
+        truncated = self._steps >= self.max_steps
+        try:
+            outcome = self._step_text(action) if self.action_mode == "text" else self._step_index(action)
+        except Exception as exc:  # noqa: BLE001  (a policy must never crash the run; the reason goes to info)
+            outcome = {"error": f"internal error while applying the action: {type(exc).__name__}: {exc}"}
+        if outcome.get("stop"):
+            return self._finish(0.0, True, truncated, {"action": "stop"})
+        if "error" in outcome:
+            return self._finish(self.penalty, False, truncated, outcome)
+        after, estimate, text = outcome["program"], outcome["estimate"], outcome["action"]
+        reward = math.log(self.runtime_s / estimate.runtime_s)
+        before = self.program
+        self.program, self.runtime_s, self._estimate, self._groups = after, estimate.runtime_s, estimate, None
+        if estimate.runtime_s < self.best_s:
+            self.best_s, self.best_program = estimate.runtime_s, after
+        self._state.actions.append(text)
+        self._state.rewards.append(reward)
+        info = dict(outcome, before=before.leir)
+        info.pop("program")
+        if not text.startswith("leir:"):
+            chosen = Action.parse(text)
+            info.update(strategy=chosen.strategy, explain=get_strategy(chosen.strategy).explain(before, chosen, after))
+        return self._finish(reward, False, truncated, info)
+
+    def _finish(self, reward: float, terminated: bool, truncated: bool, info: dict):
+        self._state.walltime = time.perf_counter() - self._started
+        info = {"error": None, "estimate": None, "action": None, **info}
+        info = self._info(**info)
+        return self._observation(), float(reward), terminated, truncated, info
+
+    # -- actions ---------------------------------------------------------------------------------------
+    def _step_index(self, action) -> dict[str, Any]:
+        try:
+            index = int(action)
+        except (TypeError, ValueError):
+            return {"error": f"index mode expects an integer action, got {action!r}"}
+        if isinstance(action, (float, np.floating)) and index != action:
+            return {"error": f"index mode expects an integer action, got {action!r}"}
+        if not 0 <= index < self.catalog.size:
+            return {"error": f"action {index} is outside the catalog [0, {self.catalog.size})"}
+        if index == STOP:
+            return {"stop": True}
+        chosen = self.catalog.decode(index, self.groups)
+        if chosen is None:
+            return {"error": f"action {index} ({self.catalog.describe(index)}) is masked out: the strategy has "
+                             "no candidate of that rank in this program"}
+        return self._evaluate_action(chosen)
+
+    def _step_text(self, action) -> dict[str, Any]:
+        proposal = read_proposal(action)
+        if proposal.error:
+            return {"error": proposal.error}
+        if proposal.action is not None:
+            if proposal.action.strategy == "stop" and not proposal.action.params:
+                return {"stop": True}
+            return self._evaluate_action(proposal.action)
+        try:
+            after = Program.parse(proposal.program, self.program.signature)
+        except StepTPError as exc:
+            return {"error": f"the transformed program is not valid LEIR for this signature: {exc}"}
+        labels = identify(self.program, after)
+        if labels:
+            outcome = self._evaluate(after, labels[0].text, verify=self.verify_steps)
+            outcome["claimed_strategy"] = proposal.claimed_strategy
+            return outcome
+        outcome = self._evaluate(after, "leir:" + after.leir, verify=True)
+        outcome.update(identified=False, claimed_strategy=proposal.claimed_strategy)
+        return outcome
+
+    def _evaluate_action(self, action: Action) -> dict[str, Any]:
+        try:
+            after = apply_action(self.program, action)
+        except StepTPError as exc:
+            return {"error": f"{action.text} does not apply: {exc}"}
+        return self._evaluate(after, action.text, verify=self.verify_steps)
+
+    def _evaluate(self, after: Program, text: str, verify: bool) -> dict[str, Any]:
+        """Runtime (and, when asked, verification) of a proposed program; an `error` when it fails."""
+        if verify and self.mode == "model":
+            check = measure(after, self.workload, self.target, self.oracle.protocol, timing=False)
+            if not check.ok:
+                return {"error": check.error or "verification failed", "action": text}
+        estimate = self.oracle.runtime(after, self.workload, self.best_s)
+        if estimate.runtime_s is None or estimate.error:
+            return {"error": estimate.error or "no runtime", "action": text}
+        return {"program": after, "estimate": estimate, "action": text, "identified": True}
+
+    @property
+    def groups(self) -> dict[str, list[Action]]:
+        """Candidates of the current program by strategy (computed once per state)."""
+        if self._groups is None:
+            self._groups = self.catalog.groups(self.program, self.target)
+        return self._groups
+
+    def action_masks(self) -> np.ndarray:
+        """The legal indices of the current state (for sb3-contrib's MaskablePPO); stop is always legal."""
+        if self.program is None:
+            raise gym.error.ResetNeeded("call reset() before action_masks()")
+        return self.catalog.mask(self.groups)
+
+    def candidate_texts(self) -> list[str]:
+        """Every candidate action of the current program (also those beyond the catalog's slots)."""
+        return [a.text for found in self.groups.values() for a in found]
+
+    # -- observations and info -------------------------------------------------------------------------
+    def _observation(self):
+        if self.obs_mode == "text":
+            return {"leir": self.program.leir, "signature": json.dumps(self.program.signature.to_json()),
+                    "candidates": "\n".join(self.candidate_texts())}
+        extra = np.array([self._steps / self.max_steps, math.log(self.initial_s / self.runtime_s),
+                          math.log(self.runtime_s)], np.float32)
+        features = np.concatenate([_squash(self.oracle.features(self.program)), extra])
+        return {"features": np.clip(features, -100.0, 100.0).astype(np.float32),
+                "action_mask": self.action_masks().astype(np.int8)}
+
+    def _info(self, error: str | None, action: str | None, estimate: Estimate | None, **extra) -> dict[str, Any]:
+        info = {"error": error, "action": action, "leir": self.program.leir,
+                "signature": self.program.signature.to_json(), "candidates": self.candidate_texts(),
+                "runtime_s": self.runtime_s, "initial_runtime_s": self.initial_s, "best_runtime_s": self.best_s,
+                "speedup": self.initial_s / self.runtime_s, "step": self._steps, "workload": self.workload.uri}
+        if estimate is not None:
+            info.update(runtime_source=estimate.source, spread=estimate.spread)
+            if estimate.measurement is not None and estimate.measurement.verify is not None:
+                info["verify"] = estimate.measurement.verify.to_dict()
+        info.update(extra)
+        return info
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return (f"{self.workload.uri} step {self._steps}: {self.runtime_s * 1e3:.3f} ms "
+                    f"(x{self.initial_s / self.runtime_s:.2f})\n{self.program.leir}\n")
+        return None
+
+    # -- state, replay, validation, forking ------------------------------------------------------------
+    @property
+    def state(self) -> EnvState:
+        """The episode so far (a copy): replay it with `apply`, check it with `validate`."""
+        if self._state is None:
+            raise gym.error.ResetNeeded("call reset() first")
+        return copy.deepcopy(self._state)
+
+    def _replay_program(self, state: EnvState) -> list[Program]:
+        program = self._load(state.workload).program
+        chain = [program]
+        for text in state.actions:
+            if text.startswith("leir:"):
+                program = Program.parse(text[len("leir:"):], program.signature)
+            else:
+                program = apply_action(program, text)
+            chain.append(program)
+        return chain
+
+    def apply(self, state: EnvState) -> None:
+        """Reset to the state's workload and replay its actions through `step` (rewards recomputed)."""
+        self._check_compatible(state)
+        self.reset(options={"workload": state.workload})
+        for text in state.actions:
+            info = self._replay_step(text)
+            if info["error"]:
+                raise StepTPError(f"replay failed at {text}: {info['error']}")
+
+    def _replay_step(self, text: str) -> dict[str, Any]:
+        """One recorded action (an action text, or `leir:` and a free-form rewrite) through `step`."""
+        saved = self.action_mode
+        self.action_mode = "text"
+        try:
+            payload = text if not text.startswith("leir:") else json.dumps({"transformed_IR": text[5:]})
+            return self.step(payload)[4]
+        finally:
+            self.action_mode = saved
+
+    def validate(self, state: EnvState | None = None) -> dict[str, Any]:
+        """Replay `state` (default: the current episode), verify every program of it against the workload's
+        reference, and re-measure the final one. Returns {"ok", "errors", "final_leir", "runtime_s",
+        "speedup"}."""
+        state = state or self.state
+        self._check_compatible(state)
+        workload = self._load(state.workload)
+        errors = []
+        try:
+            chain = self._replay_program(state)
+        except StepTPError as exc:
+            return {"ok": False, "errors": [f"replay: {exc}"], "final_leir": None, "runtime_s": None, "speedup": None}
+        for number, program in enumerate(chain[1:], 1):
+            check = measure(program, workload, self.target, self.oracle.protocol, timing=False)
+            if not check.ok:
+                errors.append(f"step {number} ({state.actions[number - 1][:80]}): {check.error}")
+        first = measure(chain[0], workload, self.target, self.oracle.protocol)
+        final = measure(chain[-1], workload, self.target, self.oracle.protocol)
+        if not final.ok:
+            errors.append(f"final program: {final.error}")
+        speedup = first.median_s / final.median_s if first.ok and final.ok else None
+        return {"ok": not errors, "errors": errors, "final_leir": chain[-1].leir, "runtime_s": final.median_s,
+                "speedup": speedup}
+
+    def _check_compatible(self, state: EnvState) -> None:
+        if state.workload not in self._workloads and self._fixed is None and state.workload not in list_workloads():
+            raise ValueError(f"state workload {state.workload!r} is not in the suite; make the env with that "
+                             "Workload (load it with load_workload beside the saved state)")
+        if (state.target, state.dtype) != (self.target, self.dtype):
+            raise ValueError(f"state is for target={state.target}, dtype={state.dtype}; this env has "
+                             f"target={self.target}, dtype={self.dtype}")
+
+    def fork(self) -> StepTPEnv:
+        """An independent copy of this env in its current state, sharing the store and the cost model."""
+        twin = copy.copy(self)
+        twin._state = copy.deepcopy(self._state)
+        twin._workloads = self._workloads  # read-only after loading
+        twin._np_random = copy.deepcopy(self._np_random)
+        return twin
+
+    def close(self) -> None:
+        super().close()

@@ -1,0 +1,109 @@
+"""Where a step's runtime comes from: the result store, a measurement, or the cost model.
+
+`measure` always measures (store hits excepted: the same lowered module under the same protocol is the
+same record); `model` predicts with the cost model, deterministic and without building; `hybrid` predicts
+and measures when the ensemble is unsure (spread above `spread_limit`, in log space) or when the
+prediction claims a new best, so the best program of an episode is always a measured, verified one.
+Measured runtimes feed the model online (it retrains as the data grows by ~20%).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..costmodel import CostModel, features
+from ..measure import Measurement, Protocol, ResultStore, measure, record_key
+from ..ir.program import Program
+
+MODES = ("measure", "model", "hybrid")
+
+
+@dataclass
+class Estimate:
+    """A runtime and how it was obtained (`measured`, `stored`, `predicted`), or why there is none."""
+
+    runtime_s: float | None
+    source: str
+    spread: float = 0.0
+    measurement: Measurement | None = None
+    error: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.source in ("measured", "stored")
+
+
+class RuntimeOracle:
+    """Runtimes for the programs of one workload, in one of the three modes, with an in-memory cache in
+    front of the store. `fork`ed environments share it (and so the store and the model)."""
+
+    def __init__(self, mode: str, target: str, protocol: Protocol, store: ResultStore | None,
+                 model: CostModel | None, spread_limit: float = 0.3, cache_size: int = 4096) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode != "measure" and model is None:
+            raise ValueError(f"mode {mode!r} needs a cost model")
+        self.mode, self.target, self.protocol = mode, target, protocol
+        self.store, self.model, self.spread_limit = store, model, spread_limit
+        self._features: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._measured: OrderedDict[tuple[str, str], Estimate] = OrderedDict()
+        self._cache_size = cache_size
+        self.counts = {"measured": 0, "stored": 0, "predicted": 0}
+
+    def features(self, program: Program) -> np.ndarray:
+        """Cost-model features of a program (cached by its text)."""
+        found = self._features.get(program.leir)
+        if found is None:
+            found = features(program, self.target)
+            self._remember(self._features, program.leir, found)
+        return found
+
+    def _remember(self, cache: OrderedDict, key, value) -> None:
+        cache[key] = value
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
+
+    def predict(self, program: Program) -> Estimate:
+        runtime, spread = self.model.predict(self.features(program)[None])
+        self.counts["predicted"] += 1
+        return Estimate(float(runtime[0]), "predicted", float(spread[0]))
+
+    def measure(self, program: Program, workload) -> Estimate:
+        """A measured runtime: from this oracle's memory, the store, or a fresh measurement (stored)."""
+        memo = (workload.uri, program.leir)
+        if memo in self._measured:
+            return self._measured[memo]
+        key = record_key(program, self.target, self.protocol.key)
+        record = self.store.get(key) if self.store is not None else None
+        if record is not None:
+            data = record["measurement"]
+            self.counts["stored"] += 1
+            estimate = Estimate(data.get("median_s"), "stored", error=record.get("error"))
+        else:
+            m = measure(program, workload, self.target, self.protocol)
+            self.counts["measured"] += 1
+            feats = self.features(program) if m.ok else None
+            if self.store is not None:
+                self.store.put(key, m.to_dict(), workload.uri, None if feats is None else feats.tolist())
+            if m.ok and self.model is not None:
+                self.model.update(feats[None], [m.median_s])
+            estimate = Estimate(m.median_s, "measured", measurement=m, error=m.error)
+        self._remember(self._measured, memo, estimate)
+        return estimate
+
+    def runtime(self, program: Program, workload, best_s: float | None = None) -> Estimate:
+        """The runtime of `program` in this oracle's mode; `best_s` is the best runtime of the episode so
+        far (a hybrid prediction below it is checked by measuring)."""
+        if self.mode == "measure":
+            return self.measure(program, workload)
+        memo = self._measured.get((workload.uri, program.leir))
+        if memo is not None and self.mode == "hybrid":
+            return memo
+        estimate = self.predict(program)
+        if self.mode == "model":
+            return estimate
+        if estimate.spread > self.spread_limit or (best_s is not None and estimate.runtime_s < best_s):
+            return self.measure(program, workload)
+        return estimate
