@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,rl]"
 	touch $(STAMP)
 
 .PHONY: install demo test reference
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/steptp demo
+	$(VENV)/bin/steptp run --workload level2/conv2d_relu_hardswish --preset small --agent greedy --budget 64 --mode hybrid
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider

@@ -11,7 +11,9 @@ __version__ = "0.1.0"
 _LAZY = {"lower": ("steptp_env.lower", "lower"), "build": ("steptp_env.measure", "build"),
          "verify": ("steptp_env.measure", "verify"), "VerifyReport": ("steptp_env.measure", "VerifyReport"),
          "measure": ("steptp_env.measure", "measure"), "Measurement": ("steptp_env.measure", "Measurement"),
-         "Protocol": ("steptp_env.measure", "Protocol"), "ResultStore": ("steptp_env.measure", "ResultStore")}
+         "Protocol": ("steptp_env.measure", "Protocol"), "ResultStore": ("steptp_env.measure", "ResultStore"),
+         "from_torch": ("steptp_env.frontend", "from_torch"), "get_workload": ("steptp_env.workloads", "get_workload"),
+         "list_workloads": ("steptp_env.workloads", "list_workloads"), "StepTPEnv": ("steptp_env.env", "StepTPEnv")}
 
 __all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "SignatureError", "LoweringError", "IllegalActionError",
            "BuildError", *_LAZY]

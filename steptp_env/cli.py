@@ -257,6 +257,81 @@ def demo(repeat: int = typer.Option(5, help="timed repeats per program")) -> Non
         raise typer.Exit(1)
 
 
+def _run_folder(out: Path, name: Optional[str], agent: str, workload: str) -> Path:
+    """OUT/NAME, or OUT/<time>-<agent>-<workload> made unique with a counter."""
+    import time
+
+    base = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{agent}-{workload.replace('/', '_').replace('*', 'x')}"
+    folder, n = out / base, 1
+    while name is None and folder.exists():
+        n += 1
+        folder = out / f"{base}-{n}"
+    return folder
+
+
+@app.command("run")
+def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", help="a suite URI (or a glob)"),
+              preset: str = typer.Option("small", "--preset", "-p", help="tiny, small or default"),
+              agent: str = typer.Option("greedy", "--agent", "-a",
+                                        help="random, greedy, beam, bfs, dfs, mcts, replay or ppo"),
+              budget: int = typer.Option(64, help="measurements to spend (env steps in model mode)"),
+              mode: str = typer.Option("hybrid", help="measure, model or hybrid"),
+              seed: int = typer.Option(0),
+              max_steps: int = typer.Option(32, help="steps per episode: the depth limit of every search"),
+              store: Optional[Path] = typer.Option(None, help=STORE_HELP),
+              out: Path = typer.Option(Path("runs"), help="runs are written to OUT/NAME/"),
+              name: Optional[str] = typer.Option(None, help="the run's folder name (default: time, agent, workload)"),
+              state: Optional[Path] = typer.Option(None, help="replay: the state.json to replay"),
+              policy: Optional[Path] = typer.Option(None, help="ppo: a trained model (.zip); without one, PPO "
+                                                    "first trains for BUDGET steps")) -> None:
+    """Optimise a workload with a search agent or policy; print the best episode and save the run
+    (state.json, trajectory.jsonl, summary.json)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agents import AGENTS, get_agent, watch
+
+    from .env import StepTPEnv
+
+    if agent not in AGENTS:
+        _fail(ValueError(f"unknown agent {agent!r}; known: {', '.join(AGENTS)}"))
+    options: dict = {}
+    if agent == "replay":
+        if state is None:
+            _fail(ValueError("the replay agent needs --state STATE_JSON"))
+        options["state"] = state
+    if agent == "ppo" and policy is not None:
+        options["policy"] = policy
+    try:
+        env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task(f"{agent} on {workload}", total=budget)
+
+            def advance(entry: dict, search) -> None:
+                progress.update(task, completed=min(search.spent, budget),
+                                description=f"{agent}: {entry['step'] + 1} steps, best x{search.best_speedup:.3f}")
+
+            with watch(advance):
+                result = get_agent(agent)(env, budget, seed, **options)
+    except (ValueError, StepTPError) as exc:
+        _fail(exc)
+    table = Table(title=f"{agent} on {result.workload} ({preset}, {mode}): x{result.speedup:.3f} with "
+                        f"{result.spent}/{result.budget} budget units, {len(result.trajectory)} steps, "
+                        f"{result.measurements} fresh measurements")
+    for col in ("#", "action", "runtime ms", "speedup", "source", "verified"):
+        table.add_column(col)
+    table.add_row("0", "(start)", f"{result.initial_runtime_s * 1e3:.4f}", "1.000", "", "")
+    for n, step in enumerate(result.path(), 1):
+        verified = {True: "yes", False: "NO", None: "-"}[step["verified"]]
+        table.add_row(str(n), escape(step["action"]), f"{step['runtime_s'] * 1e3:.4f}", f"{step['speedup']:.3f}",
+                      step["source"] or "", verified)
+    console.print(table)
+    console.print(f"best program ({result.best_source}, {result.best_runtime_s * 1e3:.4f} ms):")
+    print(result.best_leir)
+    folder = result.save(_run_folder(out, name, agent, workload))
+    console.print(f"saved the run to {folder}/")
+
+
 @workloads_app.command("list")
 def workloads_list(pattern: Optional[str] = typer.Argument(None, metavar="[FILTER]",
                                                            help="a glob such as 'level1/*conv*' (or a substring)")) -> None:

@@ -69,8 +69,8 @@ class CostModel:
         """(runtimes in seconds, ensemble spread in log space) for each row."""
         if not self.trained:
             raise RuntimeError("the cost model has not been trained")
-        data = xgboost.DMatrix(np.asarray(X, np.float32).reshape(-1, SIZE))
-        logs = np.stack([b.predict(data) for b in self.boosters])
+        data = np.asarray(X, np.float32).reshape(-1, SIZE)
+        logs = np.stack([b.inplace_predict(data) for b in self.boosters])
         return np.exp(logs.mean(0)), logs.std(0)
 
     # -- persistence ---------------------------------------------------------------------------------
@@ -97,6 +97,7 @@ class CostModel:
         for i in range(meta["members"]):
             booster = xgboost.Booster()
             booster.load_model(directory / f"member{i}.json")
+            booster.set_param({"nthread": 1})  # not saved with the model; more threads only contend
             model.boosters.append(booster)
         with np.load(directory / "data.npz", allow_pickle=False) as data:
             model.X, model.y = data["X"], data["y"]

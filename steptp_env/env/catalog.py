@@ -9,6 +9,8 @@ means the same strategy, and within it "the r-th site/parameter choice". Candida
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from ..strategies import REGISTRY, STRATEGY_NAMES, Action
@@ -21,13 +23,25 @@ STOP = 0
 class ActionCatalog:
     """Maps indices to actions of one program's candidate lists (`groups`, by strategy name)."""
 
-    def __init__(self, slots: int = SLOTS) -> None:
+    def __init__(self, slots: int = SLOTS, cache_size: int = 512) -> None:
         self.slots = slots
         self.size = 1 + len(STRATEGY_NAMES) * slots
+        self._cache: OrderedDict[tuple[str, str], dict[str, list[Action]]] = OrderedDict()
+        self._cache_size = cache_size
 
     def groups(self, program: Program, target: str) -> dict[str, list[Action]]:
-        """Candidates of every implemented strategy, by name, in enumeration order."""
-        return {name: REGISTRY[name].candidates(program, target) for name in STRATEGY_NAMES if name in REGISTRY}
+        """Candidates of every implemented strategy, by name, in enumeration order (remembered by program
+        text: episodes revisit their start program and tree searches revisit states)."""
+        key = (program.leir, target)
+        found = self._cache.get(key)
+        if found is None:
+            found = {name: REGISTRY[name].candidates(program, target) for name in STRATEGY_NAMES if name in REGISTRY}
+            self._cache[key] = found
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return found
 
     def describe(self, index: int) -> str:
         """What an index means, in words (`stop`, `loop_split#3`)."""

@@ -56,7 +56,7 @@ class StepTPEnv(gym.Env):
     workload: a suite URI, a glob over suite URIs (`level1/*softmax*`), a list of URIs, or a `Workload`
     (e.g. from `from_torch`); with several, `reset` samples one with its seed (or takes
     `options={"workload": uri}`). mode: `measure`, `model` or `hybrid`. action_mode: `index` (Discrete over
-    the fixed catalog) or `text`. obs_mode: `vector` (Dict of features and action mask, for SB3) or `text`.
+    the fixed catalog; an action text is accepted in both modes) or `text`. obs_mode: `vector` (Dict of features and action mask, for SB3) or `text`.
     """
 
     metadata = {"render_modes": ["ansi"], "reward_range": (-math.inf, math.inf)}
@@ -136,6 +136,11 @@ class StepTPEnv(gym.Env):
         self._started = time.perf_counter()
         self._steps = 0
         start = self.oracle.runtime(self.program, self.workload)
+        self._scale = 1.0
+        if self.mode == "hybrid":  # speedups are relative to a measured start
+            start = self.oracle.measure(self.program, self.workload)
+            if start.runtime_s is not None:
+                self._scale = start.runtime_s / self.oracle.predict(self.program).predicted_s
         if start.runtime_s is None:
             raise StepTPError(f"the starting program of {uri} has no runtime: {start.error}")
         self.initial_s = self.runtime_s = self.best_s = start.runtime_s
@@ -150,7 +155,8 @@ class StepTPEnv(gym.Env):
         self._steps += 1
         truncated = self._steps >= self.max_steps
         try:
-            outcome = self._step_text(action) if self.action_mode == "text" else self._step_index(action)
+            text = self.action_mode == "text" or isinstance(action, str)
+            outcome = self._step_text(action) if text else self._step_index(action)
         except Exception as exc:  # noqa: BLE001  (a policy must never crash the run; the reason goes to info)
             outcome = {"error": f"internal error while applying the action: {type(exc).__name__}: {exc}"}
         if outcome.get("stop"):
@@ -161,6 +167,7 @@ class StepTPEnv(gym.Env):
         reward = math.log(self.runtime_s / estimate.runtime_s)
         before = self.program
         self.program, self.runtime_s, self._estimate, self._groups = after, estimate.runtime_s, estimate, None
+        self._calibrate(after, estimate)
         if estimate.runtime_s < self.best_s:
             self.best_s, self.best_program = estimate.runtime_s, after
         self._state.actions.append(text)
@@ -230,10 +237,16 @@ class StepTPEnv(gym.Env):
             check = measure(after, self.workload, self.target, self.oracle.protocol, timing=False)
             if not check.ok:
                 return {"error": check.error or "verification failed", "action": text}
-        estimate = self.oracle.runtime(after, self.workload, self.best_s)
+        estimate = self.oracle.runtime(after, self.workload, self.best_s, self._scale)
         if estimate.runtime_s is None or estimate.error:
             return {"error": estimate.error or "no runtime", "action": text}
         return {"program": after, "estimate": estimate, "action": text, "identified": True}
+
+    def _calibrate(self, program: Program, estimate: Estimate) -> None:
+        """Hybrid mode: after a measurement, rescale predictions so they agree with it here."""
+        if self.mode == "hybrid" and estimate.measured and estimate.runtime_s:
+            predicted = estimate.predicted_s or self.oracle.predict(program).predicted_s
+            self._scale = estimate.runtime_s / predicted
 
     @property
     def groups(self) -> dict[str, list[Action]]:
@@ -247,6 +260,13 @@ class StepTPEnv(gym.Env):
         if self.program is None:
             raise gym.error.ResetNeeded("call reset() before action_masks()")
         return self.catalog.mask(self.groups)
+
+    def action_text(self, index: int) -> str | None:
+        """The action an index stands for in the current state (`stop`, or None when masked out)."""
+        if index == STOP:
+            return "stop"
+        found = self.catalog.decode(int(index), self.groups)
+        return None if found is None else found.text
 
     def candidate_texts(self) -> list[str]:
         """Every candidate action of the current program (also those beyond the catalog's slots)."""
@@ -311,13 +331,8 @@ class StepTPEnv(gym.Env):
 
     def _replay_step(self, text: str) -> dict[str, Any]:
         """One recorded action (an action text, or `leir:` and a free-form rewrite) through `step`."""
-        saved = self.action_mode
-        self.action_mode = "text"
-        try:
-            payload = text if not text.startswith("leir:") else json.dumps({"transformed_IR": text[5:]})
-            return self.step(payload)[4]
-        finally:
-            self.action_mode = saved
+        payload = text if not text.startswith("leir:") else json.dumps({"transformed_IR": text[5:]})
+        return self.step(payload)[4]
 
     def validate(self, state: EnvState | None = None) -> dict[str, Any]:
         """Replay `state` (default: the current episode), verify every program of it against the workload's

@@ -27,6 +27,7 @@ class Estimate:
     runtime_s: float | None
     source: str
     spread: float = 0.0
+    predicted_s: float | None = None  # the model's raw prediction, where one was made
     measurement: Measurement | None = None
     error: str | None = None
 
@@ -68,7 +69,7 @@ class RuntimeOracle:
     def predict(self, program: Program) -> Estimate:
         runtime, spread = self.model.predict(self.features(program)[None])
         self.counts["predicted"] += 1
-        return Estimate(float(runtime[0]), "predicted", float(spread[0]))
+        return Estimate(float(runtime[0]), "predicted", float(spread[0]), float(runtime[0]))
 
     def measure(self, program: Program, workload) -> Estimate:
         """A measured runtime: from this oracle's memory, the store, or a fresh measurement (stored)."""
@@ -81,6 +82,8 @@ class RuntimeOracle:
             data = record["measurement"]
             self.counts["stored"] += 1
             estimate = Estimate(data.get("median_s"), "stored", error=record.get("error"))
+            if self.model is not None and estimate.error is None and record.get("features") is not None:
+                self.model.update(np.asarray(record["features"], np.float32)[None], [estimate.runtime_s])
         else:
             m = measure(program, workload, self.target, self.protocol)
             self.counts["measured"] += 1
@@ -93,9 +96,11 @@ class RuntimeOracle:
         self._remember(self._measured, memo, estimate)
         return estimate
 
-    def runtime(self, program: Program, workload, best_s: float | None = None) -> Estimate:
-        """The runtime of `program` in this oracle's mode; `best_s` is the best runtime of the episode so
-        far (a hybrid prediction below it is checked by measuring)."""
+    def runtime(self, program: Program, workload, best_s: float | None = None, scale: float = 1.0) -> Estimate:
+        """The runtime of `program` in this oracle's mode. `best_s` is the best runtime of the episode so
+        far (a hybrid prediction below it is checked by measuring); `scale` calibrates hybrid predictions
+        to this episode's measurements (measured / predicted at the last measured program), so rewards
+        compare like with like."""
         if self.mode == "measure":
             return self.measure(program, workload)
         memo = self._measured.get((workload.uri, program.leir))
@@ -104,6 +109,9 @@ class RuntimeOracle:
         estimate = self.predict(program)
         if self.mode == "model":
             return estimate
+        estimate.runtime_s *= scale
         if estimate.spread > self.spread_limit or (best_s is not None and estimate.runtime_s < best_s):
-            return self.measure(program, workload)
+            measured = self.measure(program, workload)
+            measured.predicted_s = estimate.predicted_s
+            return measured
         return estimate

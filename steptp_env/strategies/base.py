@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Union
+from typing import Hashable, Union
 
 from ..errors import IllegalActionError
 from ..ir.program import Program
@@ -121,9 +121,32 @@ class Strategy:
 
     name: str = ""
     params: tuple[str, ...] = ()
+    nest_local: bool = False
+    """True when the candidates at nest i depend only on that nest (and `nest_context`): they are then
+    computed per nest and cached, so a step pays only for the nests it changed."""
 
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+        if not self.nest_local:
+            raise NotImplementedError
+        found: list[Action] = []
+        for i, nest in enumerate(program.nests):
+            key = (self.name, target, id(nest), self.nest_context(program, i))
+            hit = _NEST_CANDIDATES.get(key)
+            if hit is None or hit[0] is not nest:
+                if len(_NEST_CANDIDATES) >= 50_000:
+                    _NEST_CANDIDATES.clear()
+                hit = (nest, i, self.nest_candidates(program, i, target))
+                _NEST_CANDIDATES[key] = hit  # holding the nest keeps its id from being reused
+            found.extend(hit[2] if hit[1] == i else [_renumber(a, i) for a in hit[2]])
+        return found
+
+    def nest_candidates(self, program: Program, index: int, target: str) -> list[Action]:
+        """The candidates at nest `index` (for `nest_local` strategies)."""
         raise NotImplementedError
+
+    def nest_context(self, program: Program, index: int) -> Hashable:
+        """What besides the nest itself its candidates depend on (hashable); default nothing."""
+        return None
 
     def apply(self, program: Program, action: Action) -> Program:
         raise NotImplementedError
@@ -146,6 +169,13 @@ class Strategy:
         names = [k for k, _ in action.params]
         if sorted(names) != sorted(self.params):
             raise IllegalActionError(f"{self.name} takes parameters {', '.join(self.params)}; got {', '.join(names)}")
+
+
+_NEST_CANDIDATES: dict[tuple, tuple] = {}
+
+
+def _renumber(action: Action, index: int) -> Action:
+    return Action(action.strategy, tuple((k, index if k == "nest" else v) for k, v in action.params))
 
 
 REGISTRY: dict[str, Strategy] = {}

@@ -247,12 +247,13 @@ class LoopSplit(Strategy):
 
     name = "loop_split"
     params = ("nest", "loop", "factor")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            for loop in all_loops(nest):
-                found.extend(self.action(nest=i, loop=loop.var, factor=f) for f in factor_menu(loop.extent, 4))
+        for loop in all_loops(nest):
+            found.extend(self.action(nest=i, loop=loop.var, factor=f) for f in factor_menu(loop.extent, 4))
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -327,19 +328,20 @@ class LoopReorder(Strategy):
 
     name = "loop_reorder"
     params = ("nest", "order")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            for band in bands(nest):
-                if len(band.vars) < 2:
-                    continue
-                deps = band.deps()
-                orders: list[tuple[str, ...]] = []
-                for order in _moves(band.vars):
-                    if order != band.vars and order not in orders and deps.order_kept(order):
-                        orders.append(order)
-                found.extend(self.action(nest=i, order=o) for o in orders[:MAX_REORDERS])
+        for band in bands(nest):
+            if len(band.vars) < 2:
+                continue
+            deps = band.deps()
+            orders: list[tuple[str, ...]] = []
+            for order in _moves(band.vars):
+                if order != band.vars and order not in orders and deps.order_kept(order):
+                    orders.append(order)
+            found.extend(self.action(nest=i, order=o) for o in orders[:MAX_REORDERS])
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -405,17 +407,18 @@ class LoopTiling(Strategy):
 
     name = "loop_tiling"
     params = ("nest", "loops", "factors")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            for band in bands(nest):
-                for x, y in zip(band.nest.loops, band.nest.loops[1:]):
-                    menu_x, menu_y = factor_menu(x.extent, 3), factor_menu(y.extent, 3)
-                    for fx, fy in zip(menu_x, menu_y):
-                        action = self.action(nest=i, loops=(x.var, y.var), factors=(fx, fy))
-                        if self._legal(nest, band, (x.var, y.var), (fx, fy)):
-                            found.append(action)
+        for band in bands(nest):
+            for x, y in zip(band.nest.loops, band.nest.loops[1:]):
+                menu_x, menu_y = factor_menu(x.extent, 3), factor_menu(y.extent, 3)
+                for fx, fy in zip(menu_x, menu_y):
+                    action = self.action(nest=i, loops=(x.var, y.var), factors=(fx, fy))
+                    if self._legal(nest, band, (x.var, y.var), (fx, fy)):
+                        found.append(action)
         return found
 
     def _legal(self, nest: Nest, band: Band, loops, factors) -> bool:
@@ -568,22 +571,23 @@ class LoopFusion(Strategy):
 
     name = "loop_fusion"
     params = ("nest", "loops")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            for band in bands(nest):
-                deps = band.deps()
-                for k, (o, n) in enumerate(zip(band.nest.loops, band.nest.loops[1:])):
-                    clean = _clean_fusion(band.nest, o.var, n.var, n.extent)
-                    outer_pair = k == 0 and not band.path and deps.parallel(o.var) and deps.parallel(n.var)
-                    if fused_loop(o, n) is not None and (clean or outer_pair):
-                        action = self.action(nest=i, loops=(o.var, n.var))
-                        try:
-                            self.apply(program, action)
-                        except IllegalActionError:
-                            continue
-                        found.append(action)
+        for band in bands(nest):
+            deps = band.deps()
+            for k, (o, n) in enumerate(zip(band.nest.loops, band.nest.loops[1:])):
+                clean = _clean_fusion(band.nest, o.var, n.var, n.extent)
+                outer_pair = k == 0 and not band.path and deps.parallel(o.var) and deps.parallel(n.var)
+                if fused_loop(o, n) is not None and (clean or outer_pair):
+                    action = self.action(nest=i, loops=(o.var, n.var))
+                    try:
+                        self.apply(program, action)
+                    except IllegalActionError:
+                        continue
+                    found.append(action)
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -708,15 +712,16 @@ class LoopUnrolling(Strategy):
 
     name = "loop_unrolling"
     params = ("nest", "loop")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            for band in bands(nest):
-                for loop in band.nest.loops:
-                    if loop.kind == "L" and 2 <= loop.extent <= MAX_UNROLL and \
-                            _inner_trip(band, loop.var) <= MAX_UNROLL:
-                        found.append(self.action(nest=i, loop=loop.var))
+        for band in bands(nest):
+            for loop in band.nest.loops:
+                if loop.kind == "L" and 2 <= loop.extent <= MAX_UNROLL and \
+                        _inner_trip(band, loop.var) <= MAX_UNROLL:
+                    found.append(self.action(nest=i, loop=loop.var))
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -748,18 +753,19 @@ class LoopParallelization(Strategy):
 
     name = "loop_parallelization"
     params = ("nest", "loop")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
         if target != "llvm":
             return []
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            band = Band((), (), nest)
-            if any(l.kind == "P" for l in all_loops(nest)):
-                continue
-            deps = band.deps()
-            eligible = [l for l in nest.loops if l.kind == "L" and deps.parallel(l.var)]
-            found.extend(self.action(nest=i, loop=l.var) for l in eligible[:2])
+        band = Band((), (), nest)
+        if any(l.kind == "P" for l in all_loops(nest)):
+            return found
+        deps = band.deps()
+        eligible = [l for l in nest.loops if l.kind == "L" and deps.parallel(l.var)]
+        found.extend(self.action(nest=i, loop=l.var) for l in eligible[:2])
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -810,18 +816,19 @@ class LoopVectorization(Strategy):
 
     name = "loop_vectorization"
     params = ("nest", "loop")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            for band in bands(nest):
-                if any(isinstance(s, Nest) for s in band.nest.body) or not band.nest.loops:
-                    continue
-                loop = band.nest.loops[-1]
-                if loop.kind == "L" and loop.extent in MENU_VECTOR.get(target, ()) and \
-                        _unit_stride_writes(band, loop.var) and band.deps().parallel(loop.var) and \
-                        not any(l.kind == "V" for l in _loops_around(band, loop.var)):
-                    found.append(self.action(nest=i, loop=loop.var))
+        for band in bands(nest):
+            if any(isinstance(s, Nest) for s in band.nest.body) or not band.nest.loops:
+                continue
+            loop = band.nest.loops[-1]
+            if loop.kind == "L" and loop.extent in MENU_VECTOR.get(target, ()) and \
+                    _unit_stride_writes(band, loop.var) and band.deps().parallel(loop.var) and \
+                    not any(l.kind == "V" for l in _loops_around(band, loop.var)):
+                found.append(self.action(nest=i, loop=loop.var))
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -892,21 +899,22 @@ class LoopBinding(Strategy):
 
     name = "loop_binding"
     params = ("nest", "loop", "axis")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
         if target != "cuda":
             return []
+        nest = program.nests[i]
         found = []
-        for i, nest in enumerate(program.nests):
-            band = Band((), (), nest)
-            deps = band.deps()
-            for loop in nest.loops:
-                if loop.kind != "L" or not deps.parallel(loop.var):
-                    continue
-                for family in ("b", "t"):
-                    axis = self._free_axis(nest, loop, family)
-                    if axis is not None:
-                        found.append(self.action(nest=i, loop=loop.var, axis=axis))
+        band = Band((), (), nest)
+        deps = band.deps()
+        for loop in nest.loops:
+            if loop.kind != "L" or not deps.parallel(loop.var):
+                continue
+            for family in ("b", "t"):
+                axis = self._free_axis(nest, loop, family)
+                if axis is not None:
+                    found.append(self.action(nest=i, loop=loop.var, axis=axis))
         return found
 
     def _free_axis(self, nest: Nest, loop: Loop, family: str) -> str | None:

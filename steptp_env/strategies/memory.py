@@ -683,19 +683,24 @@ class LayoutTransformation(Strategy):
 
     name = "layout_transformation"
     params = ("nest", "tensor", "layout")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_context(self, program: Program, index: int) -> tuple:
+        """The shapes of the tensors the nest accesses (a copy's legality depends on them)."""
+        names = dict.fromkeys(s.access.name for s in _sites(program.nests[index]))
+        return tuple((name, program.tensors[name].shape) for name in names if name in program.tensors)
+
+    def nest_candidates(self, program: Program, n: int, target: str) -> list[Action]:
         found = []
-        for n, nest in enumerate(program.nests):
-            for tensor in dict.fromkeys(s.access.name for s in _sites(nest) if not s.is_write):
-                site, _ = _copy_source(program, n, tensor)
-                if site is None or not site.access.indices:
-                    continue
-                shape = _extent_of(site.access.indices, site.loops)
-                for layout in _layout_menu(shape, _loop_order(site)):
-                    action = self.action(nest=n, tensor=tensor, layout=layout)
-                    if _applies(self, program, action):
-                        found.append(action)
+        for tensor in dict.fromkeys(s.access.name for s in _sites(program.nests[n]) if not s.is_write):
+            site, _ = _copy_source(program, n, tensor)
+            if site is None or not site.access.indices:
+                continue
+            shape = _extent_of(site.access.indices, site.loops)
+            for layout in _layout_menu(shape, _loop_order(site)):
+                action = self.action(nest=n, tensor=tensor, layout=layout)
+                if _applies(self, program, action):
+                    found.append(action)
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -989,18 +994,18 @@ class PrecomputeIndices(Strategy):
 
     name = "precompute_indices"
     params = ("nest", "tensor", "dim")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_candidates(self, program: Program, n: int, target: str) -> list[Action]:
         found = []
-        for n, nest in enumerate(program.nests):
-            seen: list[Expr] = []
-            for site in _sites(nest):
-                for dim, index in enumerate(site.access.indices):
-                    if _precomputable(index) and index not in seen:
-                        seen.append(index)
-                        action = self.action(nest=n, tensor=site.access.name, dim=dim)
-                        if _applies(self, program, action):
-                            found.append(action)
+        seen: list[Expr] = []
+        for site in _sites(program.nests[n]):
+            for dim, index in enumerate(site.access.indices):
+                if _precomputable(index) and index not in seen:
+                    seen.append(index)
+                    action = self.action(nest=n, tensor=site.access.name, dim=dim)
+                    if _applies(self, program, action):
+                        found.append(action)
         return found
 
     def apply(self, program: Program, action: Action) -> Program:

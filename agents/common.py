@@ -1,0 +1,245 @@
+"""What every search agent shares: the budget, the log of steps taken, and the best program seen.
+
+Agents talk to the environment only through its public API: `fork`, `step`, `action_masks`, the step's
+`info` and `state`; the cost model's `oracle.predict` orders candidates without spending budget.
+
+Budget units. In `model` mode one unit is one `step` call on the environment or any of its forks (every
+runtime is a prediction, so steps are what a search spends). In `measure` and `hybrid` modes one unit is
+one runtime that came from a measurement: a fresh one or a store hit (`oracle.counts["measured"] +
+counts["stored"]`). Store hits count so that a run searches the same way on a cold or a warm store, and so
+that a fully cached search still ends. A confident hybrid prediction costs nothing, so those modes also stop
+after `STEPS_PER_UNIT * budget` steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from steptp_env.env import STOP, EnvState, StepTPEnv
+from steptp_env.errors import StepTPError
+from steptp_env.strategies import apply_action
+
+STEPS_PER_UNIT = 8
+
+StepListener = Callable[[dict[str, Any], "Search"], None]
+_listener: contextvars.ContextVar[StepListener | None] = contextvars.ContextVar("steptp_agent_listener",
+                                                                                 default=None)
+
+
+@contextlib.contextmanager
+def watch(listener: StepListener) -> Iterator[None]:
+    """Call `listener(entry, search)` after every step of the searches run inside the block (the
+    CLI's progress bar), without every agent passing a callback along."""
+    token = _listener.set(listener)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One candidate: what `step` takes (a catalog index, or the text in text mode) and the action text."""
+
+    action: int | str
+    text: str
+
+
+@dataclass
+class Node:
+    """A reached state. `env` belongs to this node alone (a fork); `entry` is the trajectory index of the
+    step that reached it (-1 for the start)."""
+
+    env: StepTPEnv
+    runtime_s: float
+    obs: Any
+    entry: int = -1
+    depth: int = 0
+
+    @property
+    def leir(self) -> str:
+        return self.env.program.leir
+
+
+@dataclass
+class AgentResult:
+    """The outcome of one agent run. `trajectory` holds every step the search took, in order, each with its
+    `parent` (the entry whose state it started from, -1 for the start); `state` is the episode that reached
+    the best program, replayable with `env.apply` or the replay agent."""
+
+    agent: str
+    workload: str
+    mode: str
+    best_leir: str
+    best_runtime_s: float
+    initial_runtime_s: float
+    best_source: str
+    best_entry: int
+    state: EnvState
+    trajectory: list[dict[str, Any]]
+    counts: dict[str, int]
+    spent: int
+    budget: int
+
+    @property
+    def speedup(self) -> float:
+        return self.initial_runtime_s / self.best_runtime_s
+
+    @property
+    def measurements(self) -> int:
+        """Fresh measurements taken during the run (store hits excluded)."""
+        return self.counts["measured"]
+
+    def path(self) -> list[dict[str, Any]]:
+        """The steps of the best episode, from the start to the best program."""
+        steps, entry = [], self.best_entry
+        while entry >= 0:
+            steps.append(self.trajectory[entry])
+            entry = self.trajectory[entry]["parent"]
+        return steps[::-1]
+
+    def save(self, folder: Path | str) -> Path:
+        """Write the run: state.json (the best episode, for `env.apply` and replay), trajectory.jsonl (one
+        step a line) and summary.json."""
+        folder = Path(folder)
+        self.state.save(folder / "state.json")
+        lines = "".join(json.dumps(entry) + "\n" for entry in self.trajectory)
+        (folder / "trajectory.jsonl").write_text(lines)
+        (folder / "summary.json").write_text(json.dumps(self.summary(), indent=1) + "\n")
+        return folder
+
+    def summary(self) -> dict[str, Any]:
+        return {"agent": self.agent, "workload": self.workload, "mode": self.mode, "budget": self.budget,
+                "spent": self.spent, "steps": len(self.trajectory), "counts": self.counts,
+                "initial_runtime_s": self.initial_runtime_s, "best_runtime_s": self.best_runtime_s,
+                "speedup": self.speedup, "best_source": self.best_source, "best_leir": self.best_leir}
+
+
+@dataclass
+class _Best:
+    runtime_s: float
+    source: str
+    leir: str
+    state: EnvState
+    entry: int = -1
+
+
+class Search:
+    """One agent run on `env`: resets it with `seed` (and `workload`, if given) and keeps the budget, the
+    log of steps and the best state."""
+
+    def __init__(self, env: StepTPEnv, budget: int, seed: int, agent: str, workload: str | None = None) -> None:
+        if budget < 1:
+            raise ValueError(f"budget must be at least 1, got {budget}")
+        self.env, self.budget, self.agent = env.unwrapped, budget, agent
+        self.rng = random.Random(seed)
+        self.trajectory: list[dict[str, Any]] = []
+        self._counts = dict(self.env.oracle.counts)
+        self._steps = 0
+        obs, info = self.env.reset(seed=seed, options={"workload": workload} if workload else None)
+        initial, source = info["runtime_s"], info["runtime_source"]
+        if self.env.mode != "model" and source == "predicted":
+            # speedups compare measured runtimes; hybrid's reset may only have predicted the start
+            start = self.env.oracle.measure(self.env.program, self.env.workload)
+            if start.runtime_s is None:
+                raise StepTPError(f"the starting program of {self.env.workload.uri} fails: {start.error}")
+            initial, source = start.runtime_s, start.source
+        self.initial_s = initial
+        self._root = Node(self.env, initial, obs)
+        self._best = _Best(initial, source, self.env.program.leir, self.env.state)
+        self._listener = _listener.get()
+
+    # -- budget ----------------------------------------------------------------------------------------
+    @property
+    def spent(self) -> int:
+        if self.env.mode == "model":
+            return self._steps
+        counts = self.env.oracle.counts
+        return sum(counts[k] - self._counts[k] for k in ("measured", "stored"))
+
+    @property
+    def best_speedup(self) -> float:
+        return self.initial_s / self._best.runtime_s
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent >= self.budget or self._steps >= STEPS_PER_UNIT * self.budget
+
+    # -- states and moves ------------------------------------------------------------------------------
+    def root(self) -> Node:
+        """The starting state (its env is the caller's env: step it with `fork=True` to keep it intact)."""
+        return self._root
+
+    def fresh(self) -> Node:
+        """A new episode at the start, on its own fork (to step in place)."""
+        return Node(self._root.env.fork(), self._root.runtime_s, self._root.obs)
+
+    @property
+    def max_depth(self) -> int:
+        return self.env.max_steps
+
+    @staticmethod
+    def moves(node: Node) -> list[Move]:
+        """The legal non-stop candidates of a state, in the catalog's (deterministic) order."""
+        env = node.env
+        if env.action_mode == "text":
+            return [Move(text, text) for text in env.candidate_texts()]
+        legal = np.flatnonzero(env.action_masks())
+        return [Move(int(i), env.catalog.decode(int(i), env.groups).text) for i in legal if i != STOP]
+
+    def predict(self, node: Node, move: Move) -> float:
+        """The cost model's runtime for a move (no step, no budget); inf when it does not apply."""
+        try:
+            after = apply_action(node.env.program, move.text)
+        except StepTPError:
+            return math.inf
+        return node.env.oracle.predict(after).runtime_s
+
+    def rank(self, node: Node) -> list[Move]:
+        """The moves of a state, fastest predicted first; a seeded shuffle when there is no cost model
+        (measure mode)."""
+        moves = self.moves(node)
+        if node.env.oracle.model is None:
+            self.rng.shuffle(moves)
+            return moves
+        predicted = [self.predict(node, m) for m in moves]
+        return [m for _, m in sorted(zip(predicted, moves), key=lambda pair: pair[0])]
+
+    # -- stepping --------------------------------------------------------------------------------------
+    def step(self, node: Node, move: Move, fork: bool = True) -> Node | None:
+        """Take `move` from `node` (on a fork unless `fork=False`), log it, and return the new state, or None
+        when the step failed (the failure is logged with its error)."""
+        env = node.env.fork() if fork else node.env
+        obs, reward, _, _, info = env.step(move.action)
+        self._steps += 1
+        error = info["error"]
+        runtime = None if error else info["runtime_s"]
+        entry = {"step": len(self.trajectory), "action": info["action"] or move.text, "reward": reward,
+                 "runtime_s": runtime, "speedup": None if error else self.initial_s / runtime,
+                 "source": info.get("runtime_source"), "verified": (info.get("verify") or {}).get("equivalent"),
+                 "error": error, "parent": node.entry, "depth": node.depth if error else node.depth + 1,
+                 "spent": self.spent}
+        self.trajectory.append(entry)
+        if self._listener is not None:
+            self._listener(entry, self)
+        if error:
+            return None
+        child = Node(env, runtime, obs, len(self.trajectory) - 1, node.depth + 1)
+        trusted = env.mode == "model" or entry["source"] != "predicted"
+        if trusted and runtime < self._best.runtime_s:
+            self._best = _Best(runtime, entry["source"], child.leir, env.state, child.entry)
+        return child
+
+    def result(self) -> AgentResult:
+        counts = {k: self.env.oracle.counts[k] - self._counts[k] for k in self._counts}
+        return AgentResult(self.agent, self.env.workload.uri, self.env.mode, self._best.leir,
+                           self._best.runtime_s, self.initial_s, self._best.source, self._best.entry,
+                           self._best.state, self.trajectory, counts, self.spent, self.budget)

@@ -1,0 +1,100 @@
+"""PPO with invalid-action masking (sb3-contrib's `MaskablePPO`) on the index-mode env.
+
+The policy reads the observation's feature vector and legal-action mask and picks a catalog index; the
+mask keeps it on legal actions, so what it learns is which strategy and site pay off, and when to stop.
+Train and compare with the random policy from the command line:
+
+    python -m agents.ppo -w level1/matmul -w level1/softmax --preset tiny --mode model \
+        --timesteps 5000 --out ppo.zip
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+import typer
+from sb3_contrib import MaskablePPO
+
+from steptp_env.env import STOP, StepTPEnv
+
+from .common import AgentResult, Search
+from .random_search import Policy, random_policy
+
+
+def train(env: StepTPEnv, timesteps: int, seed: int = 0, n_steps: int = 256, batch_size: int = 64,
+          n_epochs: int = 4, threads: int = 1, **ppo_kwargs: Any) -> MaskablePPO:
+    """Train a `MultiInputPolicy` for `timesteps` env steps. `threads` sets torch's (process-wide) thread
+    count: the networks are tiny, and more threads only contend with the cost model and the measurements."""
+    torch.set_num_threads(threads)
+    n_steps = max(2, min(n_steps, timesteps))
+    model = MaskablePPO("MultiInputPolicy", env, n_steps=n_steps, batch_size=min(batch_size, n_steps),
+                        n_epochs=n_epochs, seed=seed, device="cpu", verbose=0, **ppo_kwargs)
+    return model.learn(timesteps)
+
+
+def policy_of(model: MaskablePPO) -> Policy:
+    """The trained policy as `(obs, mask) -> action`, acting on its most likely legal action."""
+    return lambda obs, mask: int(model.predict(obs, action_masks=mask, deterministic=True)[0])
+
+
+def evaluate(policy: Policy, env: StepTPEnv, seeds: Iterable[int]) -> list[float]:
+    """The return of one episode per seed (the seed also picks the workload of a multi-workload env)."""
+    unwrapped = env.unwrapped
+    returns = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy(obs, unwrapped.action_masks()))
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+    return returns
+
+
+def run(env: StepTPEnv, budget: int, seed: int, *, policy: MaskablePPO | Path | str | None = None) -> AgentResult:
+    """One greedy episode of `policy` (a model or a saved .zip) within `budget`. Without a policy, first
+    trains one on `env` for `budget` timesteps; the episode then gets `max_steps` units of its own."""
+    unwrapped = env.unwrapped
+    if unwrapped.action_mode != "index" or unwrapped.obs_mode != "vector":
+        raise ValueError("PPO needs action_mode='index' and obs_mode='vector'")
+    if policy is None:
+        policy, budget = train(env, budget, seed), unwrapped.max_steps
+    elif not isinstance(policy, MaskablePPO):
+        policy = MaskablePPO.load(policy, device="cpu")
+    act = policy_of(policy)
+    search = Search(env, budget, seed, "ppo")
+    node = search.root()
+    while node is not None and node.depth < search.max_depth and not search.exhausted:
+        action = act(node.obs, node.env.action_masks())
+        if action == STOP:
+            break
+        move = next(m for m in search.moves(node) if m.action == action)
+        node = search.step(node, move, fork=False)  # a deterministic policy would repeat a failing action
+    return search.result()
+
+
+def main(workload: list[str] = typer.Option(["level1/matmul"], "--workload", "-w", help="suite URIs or globs"),
+         preset: str = typer.Option("tiny", help="tiny, small or default"),
+         mode: str = typer.Option("model", help="measure, model or hybrid"),
+         timesteps: int = typer.Option(5000, help="training env steps"),
+         max_steps: int = typer.Option(8, help="steps per episode"),
+         seed: int = typer.Option(0),
+         episodes: int = typer.Option(10, help="evaluation episodes, against the random policy on the same seeds"),
+         store: Optional[Path] = typer.Option(None, help="result store (default: the user cache)"),
+         out: Path = typer.Option(Path("ppo.zip"), help="where to save the trained model")) -> None:
+    """Train MaskablePPO, save it, and compare its mean return with the random policy's."""
+    env = StepTPEnv(workload if len(workload) > 1 else workload[0], preset, mode=mode, max_steps=max_steps,
+                    store=store)
+    model = train(env, timesteps, seed)
+    model.save(out)
+    seeds = range(seed + 1, seed + 1 + episodes)
+    trained = statistics.mean(evaluate(policy_of(model), env, seeds))
+    baseline = statistics.mean(evaluate(random_policy(seed), env, seeds))
+    print(f"saved {out}; mean return over {episodes} episodes: ppo {trained:.3f}, random {baseline:.3f}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,130 @@
+"""Search agents at the `small` preset: speedup over the starting program and runtime against PyTorch.
+
+    PYTHONPATH=. python benchmarks/agents_small.py [--quick] [--budget 64] [--mode hybrid]
+                                                   [--workloads URI ...] [--agents NAME ...]
+
+Every agent gets `--budget` measurements (fresh or from the store; see `agents.common`) per workload. One
+thread everywhere, so the comparison is like with like: TVM measures with `Protocol(threads=1)`, the
+PyTorch reference runs single-threaded (`Workload.reference`, timed as the median of a few calls, NumPy
+copies included), and the agents' own torch work (PPO) is pinned to one thread. Each run gets a fresh
+copy of the packaged cost model and its own store, so no agent learns from another's measurements.
+Writes benchmarks/results/agents_small.md (agents_small_quick.md with --quick: one workload, budget 8).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agents import get_agent
+from steptp_env.costmodel import CostModel
+from steptp_env.costmodel.default import DEFAULT_MODEL_DIR
+from steptp_env.env import StepTPEnv
+from steptp_env.measure import Protocol, ResultStore
+from steptp_env.workloads import get_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+WORKLOADS = ["level1/matmul", "level1/conv2d", "level1/softmax", "level1/layer_norm",
+             "level2/conv2d_relu_hardswish", "level2/gemm_layer_norm_gelu_scale"]
+AGENT_NAMES = ["random", "greedy", "beam", "mcts"]
+THREADS = 1
+
+
+def torch_seconds(uri: str, repeat: int = 5) -> float:
+    """Median time of the workload's PyTorch reference on seeded inputs (after one warm-up call)."""
+    wl = get_workload(uri, "small")
+    inputs = wl.make_inputs(0)
+    wl.reference(inputs)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        wl.reference(inputs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_one(uri: str, agent: str, budget: int, mode: str, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "store.sqlite") as store:
+        model = None if mode == "measure" else CostModel.load(DEFAULT_MODEL_DIR)
+        env = StepTPEnv(uri, "small", mode=mode, store=store, model=model, protocol=Protocol(threads=THREADS))
+        start = time.perf_counter()
+        result = get_agent(agent)(env, budget, seed)
+    return {"start_s": result.initial_runtime_s, "best_s": result.best_runtime_s, "speedup": result.speedup,
+            "spent": result.spent, "measured": result.measurements, "steps": len(result.trajectory),
+            "wall_s": time.perf_counter() - start, "source": result.best_source,
+            "path": " → ".join(step["action"] for step in result.path())}
+
+
+def _cell(text: str, limit: int = 90) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="level1/matmul only, budget 8")
+    parser.add_argument("--budget", type=int, default=64, help="measurements per agent and workload")
+    parser.add_argument("--mode", default="hybrid", choices=["hybrid", "measure"])
+    parser.add_argument("--workloads", nargs="+", default=WORKLOADS)
+    parser.add_argument("--agents", nargs="+", default=AGENT_NAMES)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workloads, args.budget = args.workloads[:1], min(args.budget, 8)
+    torch.set_num_threads(THREADS)
+    load_before = os.getloadavg()
+    rows = []
+    for uri in args.workloads:
+        reference = torch_seconds(uri)
+        for agent in args.agents:
+            try:
+                row = run_one(uri, agent, args.budget, args.mode, args.seed)
+            except Exception as exc:  # noqa: BLE001  (one failure must not stop the table)
+                row = {"error": f"{type(exc).__name__}: {exc}"}
+            row.update(uri=uri, agent=agent, torch_s=reference)
+            rows.append(row)
+            print(f"{uri} {agent}: " + (f"x{row['speedup']:.2f}, {row['best_s'] * 1e3:.3f} ms against PyTorch "
+                                        f"{reference * 1e3:.3f} ms ({row['wall_s']:.0f} s)"
+                                        if "error" not in row else row["error"]), flush=True)
+    load_after = os.getloadavg()
+
+    lines = [f"# Search agents at `small` ({args.mode} mode, budget {args.budget} measurements, seed {args.seed})",
+             "", f"- threads: {THREADS} (TVM protocol, PyTorch reference, agents); {os.cpu_count()} CPUs",
+             f"- load average (1/5/15 min): {' / '.join(f'{x:.2f}' for x in load_before)} before, "
+             f"{' / '.join(f'{x:.2f}' for x in load_after)} after",
+             f"- {time.strftime('%Y-%m-%d %H:%M')}; speedup = start / best (both measured); "
+             "vs PyTorch = best / PyTorch (below 1: faster than PyTorch)", "",
+             "| workload | agent | start ms | best ms | speedup | PyTorch ms | vs PyTorch | budget used | "
+             "fresh measurements | steps | wall s | best episode |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['uri']} | {r['agent']} | ERROR: {_cell(r['error'])} |" + " |" * 9)
+            continue
+        lines.append(f"| {r['uri']} | {r['agent']} | {r['start_s'] * 1e3:.3f} | {r['best_s'] * 1e3:.3f} | "
+                     f"{r['speedup']:.2f} | {r['torch_s'] * 1e3:.3f} | {r['best_s'] / r['torch_s']:.2f} | "
+                     f"{r['spent']} | {r['measured']} | {r['steps']} | {r['wall_s']:.0f} | {_cell(r['path'])} |")
+    ok = [r for r in rows if "error" not in r]
+    if ok:
+        lines += ["", "## Geometric mean speedup per agent", "", "| agent | speedup | vs PyTorch |", "|---|---|---|"]
+        for agent in args.agents:
+            mine = [r for r in ok if r["agent"] == agent]
+            if mine:
+                lines.append(f"| {agent} | {statistics.geometric_mean(r['speedup'] for r in mine):.2f} | "
+                             f"{statistics.geometric_mean(r['best_s'] / r['torch_s'] for r in mine):.2f} |")
+    out = RESULTS / ("agents_small_quick.md" if args.quick else "agents_small.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if len(ok) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

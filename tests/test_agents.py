@@ -1,0 +1,105 @@
+"""The agents in `model` mode on tiny workloads: never worse than their start, deterministic per seed,
+replayable; `steptp run` writes its run; MaskablePPO learns to beat the random policy."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from agents import AGENTS, get_agent
+from steptp_env.cli import app
+from steptp_env.env import EnvState, StepTPEnv
+from steptp_env.errors import StepTPError
+
+SEARCH = ["random", "greedy", "beam", "bfs", "dfs", "mcts"]
+
+
+def make_env(tmp_path, workload="level1/matmul", max_steps=6, mode="model") -> StepTPEnv:
+    return StepTPEnv(workload, "tiny", mode=mode, store=tmp_path / "s.sqlite", max_steps=max_steps)
+
+
+def actions(result) -> list[str]:
+    return [step["action"] for step in result.trajectory]
+
+
+def test_registry_names_every_agent():
+    assert set(AGENTS) == {"random", "greedy", "beam", "bfs", "dfs", "mcts", "replay", "ppo"}
+    with pytest.raises(KeyError, match="known: random"):
+        get_agent("annealing")
+
+
+@pytest.mark.parametrize("name", SEARCH)
+def test_search_agent_keeps_its_best_and_is_deterministic(tmp_path, name):
+    env = make_env(tmp_path)
+    first = get_agent(name)(env, 12, seed=3)
+    again = get_agent(name)(env, 12, seed=3)
+    assert first.best_runtime_s <= first.initial_runtime_s and first.speedup >= 1.0
+    assert first.trajectory and len(first.trajectory) == first.spent <= 12
+    assert first.best_leir == again.best_leir and actions(first) == actions(again)
+    assert [step["action"] for step in first.path()] == first.state.actions
+    assert first.state.workload == "level1/matmul_square" and first.counts["measured"] == 0
+
+
+@pytest.mark.parametrize("name", ["greedy", "beam", "mcts"])
+def test_guided_agents_find_a_faster_matmul(tmp_path, name):
+    assert get_agent(name)(make_env(tmp_path), 12, seed=0).speedup > 1.0
+
+
+def test_replay_reproduces_a_recorded_state(tmp_path):
+    env = make_env(tmp_path)
+    recorded = get_agent("beam")(env, 16, seed=0)
+    assert recorded.state.actions
+    path = recorded.state.save(tmp_path / "state.json")
+    replayed = get_agent("replay")(env, 64, seed=1, state=path)
+    assert replayed.state.actions == recorded.state.actions
+    assert replayed.best_leir == recorded.best_leir == env.program.leir
+    assert replayed.best_runtime_s == pytest.approx(recorded.best_runtime_s)
+    with pytest.raises(StepTPError, match="cannot replay"):
+        get_agent("replay")(env, 8, seed=0, state=["loop_split(nest=7, loop=z, factor=3)"])
+
+
+def test_budget_counts_measurements_outside_model_mode(tmp_path):
+    result = get_agent("greedy")(make_env(tmp_path, "level1/relu", mode="measure"), 3, seed=0)
+    assert 1 <= result.spent <= 3 and result.spent == result.counts["measured"] + result.counts["stored"]
+    assert result.best_source in ("measured", "stored") and result.best_runtime_s <= result.initial_runtime_s
+
+
+def test_cli_run_writes_state_and_trajectory(tmp_path):
+    runner = CliRunner()
+    common = ["--workload", "level1/matmul", "--preset", "tiny", "--mode", "model", "--budget", "8",
+              "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "runs")]
+    ran = runner.invoke(app, ["run", "--agent", "greedy", "--name", "greedy", *common])
+    assert ran.exit_code == 0, ran.output
+    assert "(start)" in ran.output and "best program" in ran.output
+    folder = tmp_path / "runs" / "greedy"
+    state = EnvState.load(folder / "state.json")
+    steps = [json.loads(line) for line in (folder / "trajectory.jsonl").read_text().splitlines()]
+    assert state.actions and 1 <= len(steps) <= 8
+    assert {"action", "reward", "runtime_s", "source", "error"} <= set(steps[0])
+    replayed = runner.invoke(app, ["run", "--agent", "replay", "--state", str(folder / "state.json"),
+                                   "--name", "replay", *common])
+    assert replayed.exit_code == 0, replayed.output
+    assert EnvState.load(tmp_path / "runs" / "replay" / "state.json").actions == state.actions
+    unknown = runner.invoke(app, ["run", "--agent", "annealing", *common])
+    assert unknown.exit_code == 2 and "unknown agent" in unknown.output
+
+
+def test_maskable_ppo_beats_the_random_policy(tmp_path):
+    from agents.ppo import evaluate, policy_of, run, train
+    from agents.random_search import random_policy
+
+    env = StepTPEnv(["level1/matmul", "level1/softmax", "level1/relu"], "tiny", mode="model",
+                    store=tmp_path / "s.sqlite", max_steps=4)
+    started = time.perf_counter()
+    model = train(env, 5000, seed=0)
+    seeds = range(100, 112)
+    trained = statistics.mean(evaluate(policy_of(model), env, seeds))
+    baseline = statistics.mean(evaluate(random_policy(0), env, seeds))
+    assert trained > baseline, (trained, baseline)
+    result = run(env, 1, seed=0, policy=model)
+    assert result.best_runtime_s <= result.initial_runtime_s
+    print(f"PPO 5000 steps + evaluation: {time.perf_counter() - started:.0f} s; mean return {trained:.3f} "
+          f"against random {baseline:.3f}")
