@@ -8,6 +8,7 @@ import numpy as np
 import tvm
 
 from ..errors import BuildError, StepTPError
+from ..ir.ast import accesses, equations
 from ..ir.program import Program
 from ..lower import lower, target_kind
 
@@ -90,13 +91,25 @@ class Kernel:
         return mod.inspect_source("ll")
 
 
+def _pass_config(program: Program) -> dict:
+    """TVM's StorageRewrite lets a never-read intermediate share memory with one that is live while both
+    are written (tests/test_strategies_graph.py::test_dead_write_beside_a_live_one): for programs with
+    such a dead store, buffer sharing is turned off rather than the store dropped (it is work the program
+    asks for, and its cost belongs to the measurement)."""
+    read = {acc.name for nest in program.nests for _, eq in equations(nest)
+            for acc in (*accesses(eq.rhs), *(a for i in eq.lhs.indices for a in accesses(i))) if acc.name != eq.lhs.name}
+    dead = [name for name in program.intermediates if name not in read]
+    return {"tirx.disable_storage_rewrite": True} if dead else {}
+
+
 def build(program: Program, target: str = "llvm") -> Kernel:
     """Lower and compile; `BuildError` when TVM cannot compile the lowered module. A `cuda` kernel can be
     built (and its source read) on a machine without a GPU; running it needs one."""
     kind = target_kind(target)
     module = lower(program, kind)
     try:
-        executable = tvm.compile(module, target=resolve_target(kind))
+        with tvm.transform.PassContext(config=_pass_config(program)):
+            executable = tvm.compile(module, target=resolve_target(kind))
     except Exception as exc:  # TVM raises many error types from its passes and code generators
         raise BuildError(f"TVM could not compile the program for {kind}: {str(exc).strip()[-2000:]}") from exc
     return Kernel(program, module, executable, kind)
