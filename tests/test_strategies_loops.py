@@ -245,3 +245,15 @@ def test_identify_reference_rows():
     print("identify rates on the sample:", rates)
     assert set(rates) == set(LOOP_STRATEGIES)
     assert all(rate >= 0.9 for rate in rates.values()), rates
+
+
+def test_canonical_text_tells_bound_axes_apart():
+    from steptp_env.strategies import canonical_text
+
+    sig = [{"name": "A", "shape": [4, 8], "dtype": "float32", "role": "input"},
+           {"name": "C", "shape": [4, 8], "dtype": "float32", "role": "output"}]
+    on_x = Program.parse("B^{4}_{bxa=0}L^{8}_{c=0}[C^{f32,g}_{bxa,c}=A^{f32,g}_{bxa,c};];", sig)
+    on_y = Program.parse("B^{4}_{bya=0}L^{8}_{c=0}[C^{f32,g}_{bya,c}=A^{f32,g}_{bya,c};];", sig)
+    renamed = Program.parse("B^{4}_{bxq=0}L^{8}_{d=0}[C^{f32,g}_{bxq,d}=A^{f32,g}_{bxq,d};];", sig)
+    assert canonical_text(on_x) != canonical_text(on_y)
+    assert canonical_text(on_x) == canonical_text(renamed)

@@ -9,11 +9,12 @@ from ..ir.ast import Equation, Loop, Nest, accesses, all_loops, equations, renam
 from ..ir.printer import print_nests
 from ..ir.program import Program
 from .base import REGISTRY, STRATEGY_NAMES, Action
+from .loops import GPU_AXES
 
 
 def canonical_text(program: Program) -> str:
     """LEIR text with intermediates renamed in order of first appearance and every nest's loop variables
-    renamed in loop order, so programs differing only in fresh names compare equal."""
+    renamed in loop order (bound loops keep their axis prefix), so programs differing only in fresh names compare equal."""
     known = {t.name for t in program.signature.tensors}
     tensors: dict[str, str] = {}
     for nest in program.nests:
@@ -27,9 +28,15 @@ def canonical_text(program: Program) -> str:
 
     nests = []
     for nest in program.nests:
-        loops = {l.var: f"z{i}" for i, l in enumerate(all_loops(nest))}
+        loops = {l.var: _bound_axis(l) + f"z{i}" for i, l in enumerate(all_loops(nest))}
         nests.append(_rewrite(nest, loops, rename_tensor))
     return print_nests(tuple(nests))
+
+
+def _bound_axis(loop: Loop) -> str:
+    """A bound loop keeps its hardware-axis prefix (`bya` binds blockIdx.y): binding to another axis is a
+    different program."""
+    return loop.var[:2] if loop.kind == "B" and loop.var[:2] in GPU_AXES else ""
 
 
 def _reads(eq: Equation):
