@@ -145,13 +145,7 @@ class Search:
         self._counts = dict(self.env.oracle.counts)
         self._steps = 0
         obs, info = self.env.reset(seed=seed, options={"workload": workload} if workload else None)
-        initial, source = info["runtime_s"], info["runtime_source"]
-        if self.env.mode != "model" and source == "predicted":
-            # speedups compare measured runtimes; hybrid's reset may only have predicted the start
-            start = self.env.oracle.measure(self.env.program, self.env.workload)
-            if start.runtime_s is None:
-                raise StepTPError(f"the starting program of {self.env.workload.uri} fails: {start.error}")
-            initial, source = start.runtime_s, start.source
+        initial, source = info["runtime_s"], info["runtime_source"]  # measured unless in model mode
         self.initial_s = initial
         self._root = Node(self.env, initial, obs)
         self._best = _Best(initial, source, self.env.program.leir, self.env.state)

@@ -75,11 +75,11 @@ class CostModel:
 
     # -- persistence ---------------------------------------------------------------------------------
     def save(self, directory: Path | str) -> Path:
-        """Boosters as XGBoost JSON, training data as .npz, metadata (feature version, seed, hardware)."""
+        """Boosters as XGBoost UBJSON, training data as .npz, metadata (feature version, seed, hardware)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         for i, booster in enumerate(self.boosters):
-            booster.save_model(directory / f"member{i}.json")
+            booster.save_model(directory / f"member{i}.ubj")  # XGBoost's binary JSON: half the size
         np.savez_compressed(directory / "data.npz", X=self.X, y=self.y)
         meta = dict(self.meta, feature_version=FEATURE_VERSION, members=len(self.boosters), seed=self.seed,
                     samples=int(len(self.y)), machine=self.meta.get("machine") or machine_description())
@@ -96,7 +96,7 @@ class CostModel:
         model.meta = meta
         for i in range(meta["members"]):
             booster = xgboost.Booster()
-            booster.load_model(directory / f"member{i}.json")
+            booster.load_model(directory / f"member{i}.ubj")
             booster.set_param({"nthread": 1})  # not saved with the model; more threads only contend
             model.boosters.append(booster)
         with np.load(directory / "data.npz", allow_pickle=False) as data:
