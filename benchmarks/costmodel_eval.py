@@ -11,11 +11,13 @@ benchmarks/results/costmodel_eval.md. With --save DIR the model trained on all w
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import time
 from pathlib import Path
 
-from steptp_env.costmodel import report
+from steptp_env import __version__
+from steptp_env.costmodel import a_peak_at_k, report
 from steptp_env.costmodel.dataset import collect, load_dataset, split_workloads, train
 from steptp_env.measure import Protocol, ResultStore
 from steptp_env.workloads import list_workloads
@@ -42,17 +44,27 @@ def main() -> None:
         X, y, groups = load_dataset(store, test_uris)
         predicted, _ = model.predict(X)
         metrics = report(predicted, y, groups, k=32)
+        extra = {k: a_peak_at_k(predicted, y, groups, k) for k in (1, 5)}
+        sizes = collections.Counter(groups)
         total = len(load_dataset(store)[1])
         if args.save:
-            train(store).save(args.save)
+            packaged = train(store)
+            packaged.meta.update(version=__version__, protocol=protocol.key, preset="small",
+                                 trained_on=f"{total} measured programs of the suite ({len(uris)} workloads)")
+            packaged.save(args.save)
     lines = ["# Cost model on held-out workloads", "",
              f"{total} measured programs over {len(uris)} workloads at `small` ({new} new this run; protocol "
              f"{protocol.key}; load average {os.getloadavg()[0]:.2f}); trained on {len(train_uris)} workloads, "
              f"evaluated on {len(test_uris)} held-out workloads ({len(y)} programs). {time.time() - start:.0f} s.",
              "", "| metric | value | target |", "|---|---|---|",
-             f"| a-peak@32 | {metrics['a-peak@32']:.3f} | >= 0.85 |", f"| p-rmse | {metrics['p-rmse']:.3f} | |",
+             f"| a-peak@32 | {metrics['a-peak@32']:.3f} | >= 0.85 |",
+             f"| a-peak@5 | {extra[5]:.3f} | |", f"| a-peak@1 | {extra[1]:.3f} | |",
+             f"| p-rmse | {metrics['p-rmse']:.3f} | |",
              f"| pairwise accuracy | {metrics['pairwise_accuracy']:.3f} | >= 0.80 |",
-             f"| Kendall tau | {metrics['kendall_tau']:.3f} | |"]
+             f"| Kendall tau | {metrics['kendall_tau']:.3f} | |", "",
+             f"Held-out workloads have {min(sizes.values())} to {max(sizes.values())} measured programs each, so "
+             "a-peak@32 covers every program of a workload and is 1 by construction here; a-peak@1 and @5 are "
+             "the informative figures. Pairwise accuracy skips pairs within 1% of each other."]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "costmodel_eval.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

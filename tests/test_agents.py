@@ -103,3 +103,15 @@ def test_maskable_ppo_beats_the_random_policy(tmp_path):
     assert result.best_runtime_s <= result.initial_runtime_s
     print(f"PPO 5000 steps + evaluation: {time.perf_counter() - started:.0f} s; mean return {trained:.3f} "
           f"against random {baseline:.3f}")
+
+
+def test_a_greedy_run_of_ten_steps_replays_and_validates(tmp_path):
+    env = make_env(tmp_path, "level1/matmul", max_steps=10)
+    result = get_agent("greedy")(env, 200, seed=0, width=2)
+    assert 3 <= len(result.state.actions) <= 10
+    fresh = make_env(tmp_path, "level1/matmul", max_steps=10)
+    fresh.apply(result.state)
+    assert fresh.program.leir == result.best_leir
+    report = fresh.validate(result.state)
+    assert report["ok"], report["errors"]
+    assert report["final_leir"] == result.best_leir
