@@ -6,7 +6,7 @@ evaluates on the other 20%: a-peak@32, p-rmse, pairwise accuracy and Kendall tau
 benchmarks/results/costmodel_eval.md. With --save DIR the model trained on all workloads is saved there
 (how the packaged default model is made).
 
-    python benchmarks/costmodel_eval.py [--per-workload 10] [--store PATH] [--save DIR]
+    python benchmarks/costmodel_eval.py [--per-workload 10] [--store PATH] [--save DIR] [--no-collect]
 """
 from __future__ import annotations
 
@@ -31,13 +31,15 @@ def main() -> None:
     parser.add_argument("--store", type=Path, default=RESULTS / "costmodel_store.sqlite")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--save", type=Path, default=None)
+    parser.add_argument("--no-collect", action="store_true", help="evaluate on the store as it is")
     args = parser.parse_args()
     start = time.time()
     uris = list_workloads()
     protocol = Protocol(threads=args.threads)
     with ResultStore(args.store) as store:
-        new = collect(store, uris, args.per_workload, protocol=protocol,
-                      progress=lambda uri, n: print(f"\r{n} measured ({uri})", end="", flush=True))
+        new = 0 if args.no_collect else collect(
+            store, uris, args.per_workload, protocol=protocol,
+            progress=lambda uri, n: print(f"\r{n} measured ({uri})", end="", flush=True))
         print()
         train_uris, test_uris = split_workloads(uris, 0.2, seed=0)
         model = train(store, train_uris)

@@ -75,3 +75,13 @@ def test_metrics_on_hand_computed_cases():
     assert pairwise_accuracy([1, 2, 3, 1, 2], true, groups) == 1.0
     assert pairwise_accuracy([3, 2, 1, 2, 1], true, groups) == 0.0
     assert kendall_tau([1, 2, 3, 0, 0], true, groups) == pytest.approx(1.0)
+
+
+def test_the_packaged_model_loads_names_its_hardware_and_predicts():
+    from steptp_env.costmodel import default_model, features
+    from steptp_env.workloads import get_workload
+
+    model = default_model()
+    assert model.trained and model.meta["machine"] and model.meta["protocol"] and model.meta["samples"] >= 2000
+    runtime, spread = model.predict(features(get_workload("level1/softmax", preset="small").program)[None])
+    assert 1e-7 < runtime[0] < 10 and spread[0] >= 0
