@@ -1,8 +1,9 @@
 """Every candidate of every implemented strategy on every suite workload at `tiny`, applied, lowered,
 built and verified against the workload's PyTorch reference. Per-strategy table in
-benchmarks/results/strategies_verify.md (failures listed in strategies_verify.json).
+benchmarks/results/strategies_verify.md (failures listed in strategies_verify.json); with `--strategies`,
+only those strategies' candidates, written to strategies_verify_<out>.md/.json.
 
-    python benchmarks/strategies_verify.py [--workers 2] [--filter 'level1/*']
+    python benchmarks/strategies_verify.py [--workers 2] [--filter 'level1/*'] [--strategies a,b --out name]
 """
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def check_workload(uri: str) -> list[dict]:
-    """Worker: all candidates of one workload; one dict per candidate (never raises)."""
+def check_workload(uri: str, strategies: tuple[str, ...] = ()) -> list[dict]:
+    """Worker: all candidates of one workload (of `strategies` only, when given); one dict per candidate
+    (never raises)."""
     from steptp_env import verify
-    from steptp_env.strategies import apply_action, candidates
+    from steptp_env.strategies import REGISTRY, apply_action, candidates
     from steptp_env.workloads import get_workload
 
     wl = get_workload(uri, preset="tiny")
     rows = []
-    for action in candidates(wl.program):
+    actions = [a for name in strategies for a in REGISTRY[name].candidates(wl.program)] if strategies \
+        else candidates(wl.program)
+    for action in actions:
         row = {"workload": uri, "strategy": action.strategy, "action": action.text}
         try:
             after = apply_action(wl.program, action)
@@ -43,12 +47,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--filter", default=None)
+    parser.add_argument("--strategies", default="", help="comma-separated strategy names (default: all)")
+    parser.add_argument("--out", default="", help="suffix of the result files: strategies_verify_<out>.md")
     args = parser.parse_args()
     start = time.time()
     uris = list_workloads(args.filter)
+    strategies = tuple(s for s in args.strategies.split(",") if s)
+    stem = f"strategies_verify_{args.out}" if args.out else "strategies_verify"
     rows: list[dict] = []
     with cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for result in pool.map(check_workload, uris):
+        for result in pool.map(check_workload, uris, [strategies] * len(uris)):
             rows.extend(result)
             for row in result:
                 if not row["ok"]:
@@ -56,17 +64,19 @@ def main() -> None:
     table = collections.defaultdict(collections.Counter)
     for row in rows:
         table[row["strategy"]]["ok" if row["ok"] else "failed"] += 1
-    lines = ["# Every candidate of every strategy, verified against PyTorch (suite at `tiny`)", "",
+    which = f"the strategies {', '.join(strategies)}" if strategies else "every strategy"
+    lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `tiny`)", "",
              f"{len(uris)} workloads, {len(rows)} candidates, {sum(r['ok'] for r in rows)} verified equivalent, "
              f"{time.time() - start:.0f} s with {args.workers} workers.", "",
              "| strategy | candidates | verified | failed | rate |", "|---|---|---|---|---|"]
-    for name in sorted(table):
+    for name in sorted(set(table) | set(strategies)):
         c = table[name]
         total = c["ok"] + c["failed"]
-        lines.append(f"| {name} | {total} | {c['ok']} | {c['failed']} | {c['ok'] / total:.1%} |")
+        rate = f"{c['ok'] / total:.1%}" if total else "-"
+        lines.append(f"| {name} | {total} | {c['ok']} | {c['failed']} | {rate} |")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "strategies_verify.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "strategies_verify.json").write_text(json.dumps([r for r in rows if not r["ok"]], indent=1) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps([r for r in rows if not r["ok"]], indent=1) + "\n")
     print("\n".join(lines))
 
 
