@@ -1,5 +1,5 @@
 """The atomic strategies: `Action`, the registry, `candidates`, `apply_action`, `identify`."""
-from . import loops, memory, graph, algebraic  # noqa: F401  (register the strategies)
+from . import loops, memory, graph, algebraic, online  # noqa: F401  (register the strategies)
 from .base import REGISTRY, STRATEGY_NAMES, Action, Strategy, apply_action, candidates, get_strategy
 from .identify import canonical_text, identify
 

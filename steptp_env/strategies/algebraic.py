@@ -658,9 +658,10 @@ class AlgebraicRewrite(Strategy):
                  if done.op else "its right-hand side")
         facts = (" SymPy could use that " + " and ".join(f"{n} is {_SIGN_WORDS[s]}" for n, s in done.signs)
                  + ", which the program proves: every value it writes there is." if done.signs else "")
-        rounding = ("it gave bitwise the same values on the sampled inputs, though rounding may still differ "
-                    "elsewhere" if done.exact_on_samples else "the result is not bitwise identical, since "
-                    "floating-point rounding changes")
+        rounding = ("the rewrite regroups floating-point operations, so rounding can change: it gave bitwise the "
+                    "same values on the sampled inputs, but need not elsewhere" if done.exact_on_samples else
+                    "the rewrite regroups floating-point operations, so rounding changes and the result is not "
+                    "bitwise identical")
         change = "saves" if delta < 0 else "adds"
         how = (" SymPy's automatic simplification made this change on its own; the rewrite itself had "
                "nothing further to do." if done.normal_form_only else "")
