@@ -259,3 +259,26 @@ def test_sb3_subproc_vec_env_runs(tmp_path):
         obs, rewards, _, _ = envs.step(_random_masked_actions(masks, rng))
         assert np.isfinite(rewards).all()
     envs.close()
+
+
+def test_measure_mode_replay_hits_the_store(tmp_path):
+    """A second env on the same store measures nothing: every runtime of the replayed episode is a store
+    hit with the same value, so rewards are identical."""
+    def run(actions=None):
+        env = make(tmp_path, "level1/relu", mode="measure")
+        env.reset(seed=3)
+        rng = np.random.default_rng(3)
+        taken, rewards, sources = [], [], []
+        for number in range(4):
+            action = actions[number] if actions else int(rng.choice(np.flatnonzero(env.action_masks()[1:]) + 1))
+            _, reward, _, _, info = env.step(action)
+            taken.append(action)
+            rewards.append(reward)
+            sources.append(info.get("runtime_source"))
+        return taken, rewards, sources, env
+
+    taken, rewards, sources, first = run()
+    assert "measured" in sources and first.oracle.counts["measured"] >= 2
+    _, again, sources2, second = run(taken)
+    assert again == rewards and second.oracle.counts["measured"] == 0
+    assert set(sources2) <= {"stored", None} and second.oracle.counts["stored"] >= 2

@@ -26,7 +26,7 @@ def test_put_get_stats_export_prune(tmp_path):
         store.put("k1", fake(1), "level1/x", features=[1.0, 2.0])
         store.put("k2", fake(2, error="build failed"), "level1/x")
         store.put("k3", fake(3), "level1/y")
-        assert store.get("k1")["median_s"] == 1e-3 and store.get("missing") is None
+        assert store.get("k1")["measurement"]["median_s"] == 1e-3 and store.get("missing") is None
         assert [r["key"] for r in store.records(ok_only=True)] == ["k1", "k3"]
         assert next(store.records("level1/x"))["features"] == [1.0, 2.0]
         stats = store.stats()

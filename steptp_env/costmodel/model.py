@@ -70,7 +70,7 @@ class CostModel:
         if not self.trained:
             raise RuntimeError("the cost model has not been trained")
         data = np.asarray(X, np.float32).reshape(-1, SIZE)
-        logs = np.stack([b.inplace_predict(data) for b in self.boosters])
+        logs = np.stack([b.inplace_predict(data, validate_features=False) for b in self.boosters])
         return np.exp(logs.mean(0)), logs.std(0)
 
     # -- persistence ---------------------------------------------------------------------------------

@@ -18,30 +18,36 @@ from ..ir.program import Program
 
 SLOTS = 32
 STOP = 0
+GROUPS_CACHE_SIZE = 1024
+_GROUPS: OrderedDict[tuple, dict[str, list[Action]]] = OrderedDict()
+
+
+def candidate_groups(program: Program, target: str) -> dict[str, list[Action]]:
+    """Candidates of every implemented strategy, by name, remembered per process by program (LEIR and
+    signature) and target: episodes revisit their start program, tree searches and forks revisit states,
+    and a replay meets the programs its recording enumerated. Callers must not mutate the lists."""
+    key = (program.leir, program.signature, target)
+    found = _GROUPS.get(key)
+    if found is None:
+        found = {name: REGISTRY[name].candidates(program, target) for name in STRATEGY_NAMES if name in REGISTRY}
+        _GROUPS[key] = found
+        if len(_GROUPS) > GROUPS_CACHE_SIZE:
+            _GROUPS.popitem(last=False)
+    else:
+        _GROUPS.move_to_end(key)
+    return found
 
 
 class ActionCatalog:
     """Maps indices to actions of one program's candidate lists (`groups`, by strategy name)."""
 
-    def __init__(self, slots: int = SLOTS, cache_size: int = 512) -> None:
+    def __init__(self, slots: int = SLOTS) -> None:
         self.slots = slots
         self.size = 1 + len(STRATEGY_NAMES) * slots
-        self._cache: OrderedDict[tuple[str, str], dict[str, list[Action]]] = OrderedDict()
-        self._cache_size = cache_size
 
     def groups(self, program: Program, target: str) -> dict[str, list[Action]]:
-        """Candidates of every implemented strategy, by name, in enumeration order (remembered by program
-        text: episodes revisit their start program and tree searches revisit states)."""
-        key = (program.leir, target)
-        found = self._cache.get(key)
-        if found is None:
-            found = {name: REGISTRY[name].candidates(program, target) for name in STRATEGY_NAMES if name in REGISTRY}
-            self._cache[key] = found
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-        return found
+        """Candidates of every implemented strategy, by name, in enumeration order."""
+        return candidate_groups(program, target)
 
     def describe(self, index: int) -> str:
         """What an index means, in words (`stop`, `loop_split#3`)."""

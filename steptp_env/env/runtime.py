@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..costmodel import CostModel, features
+from ..costmodel.features import SIZE as FEATURE_SIZE
 from ..measure import Measurement, Protocol, ResultStore, measure, record_key
 from ..ir.program import Program
 
@@ -76,20 +77,27 @@ class RuntimeOracle:
         memo = (workload.uri, program.leir)
         if memo in self._measured:
             return self._measured[memo]
-        key = record_key(program, self.target, self.protocol.key)
-        record = self.store.get(key) if self.store is not None else None
+        record = key = None
+        if self.store is not None:
+            record = self.store.find(workload.uri, program.leir, self.target, self.protocol.key)
+            if record is None:
+                key = record_key(program, self.target, self.protocol.key)
+                record = self.store.get(key)
         if record is not None:
             data = record["measurement"]
             self.counts["stored"] += 1
-            estimate = Estimate(data.get("median_s"), "stored", error=record.get("error"))
-            if self.model is not None and estimate.error is None and record.get("features") is not None:
-                self.model.update(np.asarray(record["features"], np.float32)[None], [estimate.runtime_s])
+            estimate = Estimate(data.get("median_s"), "stored", error=data.get("error"))
+            if record.get("features") is not None and len(record["features"]) == FEATURE_SIZE:
+                self._remember(self._features, program.leir, np.asarray(record["features"], np.float32))
+                if self.model is not None and estimate.error is None:
+                    self.model.update(self._features[program.leir][None], [estimate.runtime_s])
         else:
             m = measure(program, workload, self.target, self.protocol)
             self.counts["measured"] += 1
             feats = self.features(program) if m.ok else None
             if self.store is not None:
-                self.store.put(key, m.to_dict(), workload.uri, None if feats is None else feats.tolist())
+                self.store.put(key or record_key(program, self.target, self.protocol.key), m.to_dict(),
+                               workload.uri, None if feats is None else feats.tolist())
             if m.ok and self.model is not None:
                 self.model.update(feats[None], [m.median_s])
             estimate = Estimate(m.median_s, "measured", measurement=m, error=m.error)

@@ -74,12 +74,15 @@ class Kernel:
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(inputs)[0]
 
-    def time(self, inputs: Mapping[str, np.ndarray], number: int = 1, repeat: int = 5) -> list[float]:
-        """Seconds per run, one entry per repeat (TVM's time_evaluator; one warm-up run first)."""
+    def time(self, inputs: Mapping[str, np.ndarray], number: int = 1, repeat: int = 5,
+             warmup: bool = True) -> list[float]:
+        """Seconds per run, one entry per repeat (TVM's time_evaluator), after one untimed warm-up run
+        unless the caller has just run the kernel on these inputs itself."""
         args = self._arguments(inputs)
         module = self._module if self._session is not None else self.executable.mod
         evaluator = module.time_evaluator("main", self.device, number=number, repeat=repeat, min_repeat_ms=0)
-        self.main(*args)
+        if warmup:
+            self.main(*args)
         return list(evaluator(*args).results)
 
     @property

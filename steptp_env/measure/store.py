@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS records (
     key TEXT PRIMARY KEY, workload TEXT, leir TEXT NOT NULL, target TEXT NOT NULL, protocol TEXT NOT NULL,
     median_s REAL, error TEXT, measurement TEXT NOT NULL, features TEXT, created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload);
+CREATE INDEX IF NOT EXISTS records_by_program ON records (workload, leir);
 """
 
 
@@ -44,6 +45,12 @@ def record_key(program: Program, target: str, protocol_key: str) -> str:
 
     structure = tvm_ffi.structural_hash(lower(program, target))
     return hashlib.sha256(f"{structure}|{target}|{protocol_key}".encode()).hexdigest()[:32]
+
+
+def _protocol_key(protocol: dict[str, Any]) -> str:
+    from .runner import Protocol
+
+    return Protocol(**protocol).key
 
 
 class ResultStore:
@@ -95,8 +102,21 @@ class ResultStore:
 
     # -- reading -------------------------------------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:
-        row = self._conn.execute("SELECT measurement FROM records WHERE key = ?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        """The record under `key` (same shape as the items of `records`), or None."""
+        row = self._conn.execute("SELECT key, workload, measurement, features FROM records WHERE key = ?",
+                                 (key,)).fetchone()
+        return None if row is None else self._record(row)
+
+    def find(self, workload: str, leir: str, target: str, protocol_key: str) -> dict[str, Any] | None:
+        """The record of this exact program text of `workload` under `target` and `protocol_key`, found
+        without lowering it (the fast path in front of `get(record_key(...))`), or None."""
+        rows = self._conn.execute("SELECT key, workload, measurement, features FROM records "
+                                  "WHERE workload = ? AND leir = ? AND target = ?", (workload, leir, target))
+        for row in rows:
+            record = self._record(row)
+            if _protocol_key(record["measurement"]["protocol"]) == protocol_key:
+                return record
+        return None
 
     def records(self, workload: str | None = None, ok_only: bool = False) -> Iterator[dict[str, Any]]:
         """Records in insertion order, optionally of one workload / without errors."""
@@ -109,9 +129,14 @@ class ResultStore:
             clauses.append("error IS NULL AND median_s IS NOT NULL")
         if clauses:
             query += " WHERE " + " AND ".join(clauses)
-        for key, uri, measurement, features in self._conn.execute(query + " ORDER BY rowid", args):
-            yield {"key": key, "workload": uri, "measurement": json.loads(measurement),
-                   "features": None if features is None else json.loads(features)}
+        for row in self._conn.execute(query + " ORDER BY rowid", args):
+            yield self._record(row)
+
+    @staticmethod
+    def _record(row: tuple) -> dict[str, Any]:
+        key, uri, measurement, features = row
+        return {"key": key, "workload": uri, "measurement": json.loads(measurement),
+                "features": None if features is None else json.loads(features)}
 
     def __len__(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]

@@ -40,13 +40,13 @@ def _run(key: str, inputs: list[dict[str, np.ndarray]]) -> list[tuple[dict, dict
 
 
 def _time(key: str, inputs: dict[str, np.ndarray], number: int, repeat: int, min_seconds: float) -> list[float]:
-    """Child side: one warm-up run, then `repeat` timings of `number` runs each (raised so one timing
-    lasts at least `min_seconds`)."""
+    """Child side: one warm-up run (timed, to raise `number` so one timing lasts at least `min_seconds`),
+    then `repeat` timings of `number` runs each."""
     kernel = _KERNELS[key]
-    probe = kernel.time(inputs, number=1, repeat=1)[0]
+    probe = kernel.time(inputs, number=1, repeat=1, warmup=False)[0]
     if probe < min_seconds and number == 1:
         number = max(1, int(min_seconds / max(probe, 1e-9)))
-    return [t for t in kernel.time(inputs, number=number, repeat=repeat)] + [float(number)]
+    return [t for t in kernel.time(inputs, number=number, repeat=repeat, warmup=False)] + [float(number)]
 
 
 def _crash() -> None:

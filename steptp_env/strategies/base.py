@@ -7,6 +7,7 @@ when it does not apply), and explains a step in words grounded in the analysis (
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Hashable, Union
@@ -67,6 +68,13 @@ def _split(text: str) -> list[str]:
     return parts
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def _action_text(strategy: str, params: tuple[tuple[str, Value], ...]) -> str:
+    """`Action.text`, remembered: every step lists the texts of all candidates of the new state, and most
+    of them are the previous state's."""
+    return f"{strategy}(" + ", ".join(f"{k}={_format(v)}" for k, v in params) + ")"
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     """One strategy application: a name and its parameters in the strategy's declared order."""
@@ -92,7 +100,7 @@ class Action:
 
     @property
     def text(self) -> str:
-        return f"{self.strategy}(" + ", ".join(f"{k}={_format(v)}" for k, v in self.params) + ")"
+        return _action_text(self.strategy, self.params)
 
     def __str__(self) -> str:
         return self.text

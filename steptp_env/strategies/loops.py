@@ -414,11 +414,10 @@ class LoopTiling(Strategy):
         found = []
         for band in bands(nest):
             for x, y in zip(band.nest.loops, band.nest.loops[1:]):
-                menu_x, menu_y = factor_menu(x.extent, 3), factor_menu(y.extent, 3)
-                for fx, fy in zip(menu_x, menu_y):
-                    action = self.action(nest=i, loops=(x.var, y.var), factors=(fx, fy))
-                    if self._legal(nest, band, (x.var, y.var), (fx, fy)):
-                        found.append(action)
+                pairs = list(zip(factor_menu(x.extent, 3), factor_menu(y.extent, 3)))
+                # legality depends on the loop order tiling makes, not on the (valid) factors
+                if pairs and self._legal(nest, band, (x.var, y.var), pairs[0]):
+                    found += [self.action(nest=i, loops=(x.var, y.var), factors=pair) for pair in pairs]
         return found
 
     def _legal(self, nest: Nest, band: Band, loops, factors) -> bool:

@@ -184,6 +184,18 @@ def _applies(strategy: Strategy, program: Program, action: Action) -> bool:
     return True
 
 
+def _splits(layout: tuple) -> bool:
+    return any(isinstance(group, tuple) and len(group) == 3 and group[1] in ("div", "mod") for group in layout)
+
+
+def _layout_parses(layout, shape: tuple[int, ...]) -> bool:
+    try:
+        _parse_layout(layout, shape)
+    except IllegalActionError:
+        return False
+    return True
+
+
 def _check_tensor_name(value) -> str:
     if not isinstance(value, str):
         _fail(f"tensor must be a tensor name, got {value!r}")
@@ -697,10 +709,14 @@ class LayoutTransformation(Strategy):
             if site is None or not site.access.indices:
                 continue
             shape = _extent_of(site.access.indices, site.loops)
-            for layout in _layout_menu(shape, _loop_order(site)):
-                action = self.action(nest=n, tensor=tensor, layout=layout)
-                if _applies(self, program, action):
-                    found.append(action)
+            menu = [self.action(nest=n, tensor=tensor, layout=layout)
+                    for layout in _layout_menu(shape, _loop_order(site))]
+            # the site decides whether a permutation applies, so after the first one the others only
+            # have to parse (applying each would rebuild and re-validate the whole program); a split
+            # layout also needs a plain subscript, so it is always applied
+            if menu and _applies(self, program, menu[0]):
+                found += [menu[0]] + [a for a in menu[1:] if (_applies(self, program, a) if _splits(a["layout"])
+                                                              else _layout_parses(a["layout"], shape))]
         return found
 
     def apply(self, program: Program, action: Action) -> Program:

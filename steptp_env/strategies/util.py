@@ -1,6 +1,8 @@
 """Helpers shared by the strategies: looking up sites, fresh names, parameter menus."""
 from __future__ import annotations
 
+import functools
+
 from ..errors import IllegalActionError
 from ..frontend.emit import _VAR_LETTERS, _tensor_names
 from ..ir.ast import Loop, Nest, all_loops, equations
@@ -52,6 +54,11 @@ def fresh_loop_var(nest: Nest, taken: set[str] | None = None) -> str:
 def factor_menu(extent: int, limit: int = MAX_FACTORS) -> list[int]:
     """Proper divisors of `extent` (excluding 1 and extent), at most `limit`, favouring powers of two and
     vector-width multiples, in ascending order: the split/tile factors a strategy offers."""
+    return list(_factor_menu(extent, limit))
+
+
+@functools.lru_cache(maxsize=4096)
+def _factor_menu(extent: int, limit: int) -> tuple[int, ...]:
     divisors = [d for d in range(2, extent) if extent % d == 0]
     ranked = sorted(divisors, key=lambda d: (d & (d - 1) != 0, d % 4 != 0, abs(d - 16), d))
-    return sorted(ranked[:limit])
+    return tuple(sorted(ranked[:limit]))
