@@ -74,6 +74,9 @@ def test_metrics_on_hand_computed_cases():
     assert p_rmse(true, true, groups) == 0.0
     assert pairwise_accuracy([1, 2, 3, 1, 2], true, groups) == 1.0
     assert pairwise_accuracy([3, 2, 1, 2, 1], true, groups) == 0.0
+    close = [1.0, 1.03, 2.0]  # the first two are within 5% of each other
+    assert pairwise_accuracy([2, 1, 3], close, ["x"] * 3) == pytest.approx(2 / 3)
+    assert pairwise_accuracy([2, 1, 3], close, ["x"] * 3, tie=0.05) == 1.0
     assert kendall_tau([1, 2, 3, 0, 0], true, groups) == pytest.approx(1.0)
 
 

@@ -37,14 +37,16 @@ def p_rmse(pred_s: Sequence[float], true_s: Sequence[float], groups: Sequence[st
     return float(np.sqrt(np.mean(errors)))
 
 
-def pairwise_accuracy(pred_s: Sequence[float], true_s: Sequence[float], groups: Sequence[str]) -> float:
+def pairwise_accuracy(pred_s: Sequence[float], true_s: Sequence[float], groups: Sequence[str],
+                      tie: float = 0.01) -> float:
     """Fraction of pairs inside a workload whose order (which is faster) the model gets right; pairs
-    whose true runtimes differ by less than 1% are skipped as ties."""
+    whose true runtimes differ by at most `tie` (relative) are skipped as ties: a larger `tie` leaves out
+    pairs whose measured order is itself within measurement noise."""
     pred, true = np.asarray(pred_s), np.asarray(true_s)
     right = total = 0
     for ix in _groups(groups).values():
         for i, j in itertools.combinations(ix, 2):
-            if abs(true[i] - true[j]) <= 0.01 * min(true[i], true[j]):
+            if abs(true[i] - true[j]) <= tie * min(true[i], true[j]):
                 continue
             total += 1
             right += (pred[i] < pred[j]) == (true[i] < true[j])
@@ -62,4 +64,5 @@ def kendall_tau(pred_s: Sequence[float], true_s: Sequence[float], groups: Sequen
 def report(pred_s, true_s, groups, k: int = 32) -> dict[str, float]:
     return {f"a-peak@{k}": a_peak_at_k(pred_s, true_s, groups, k), "p-rmse": p_rmse(pred_s, true_s, groups),
             "pairwise_accuracy": pairwise_accuracy(pred_s, true_s, groups),
+            "pairwise_accuracy_5pct": pairwise_accuracy(pred_s, true_s, groups, tie=0.05),
             "kendall_tau": kendall_tau(pred_s, true_s, groups)}
