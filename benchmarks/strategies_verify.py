@@ -4,6 +4,7 @@ benchmarks/results/strategies_verify.md (failures listed in strategies_verify.js
 only those strategies' candidates, written to strategies_verify_<out>.md/.json.
 
     python benchmarks/strategies_verify.py [--workers 2] [--filter 'level1/*'] [--strategies a,b --out name]
+                                           [--report]
 """
 from __future__ import annotations
 
@@ -49,34 +50,58 @@ def main() -> None:
     parser.add_argument("--filter", default=None)
     parser.add_argument("--strategies", default="", help="comma-separated strategy names (default: all)")
     parser.add_argument("--out", default="", help="suffix of the result files: strategies_verify_<out>.md")
+    parser.add_argument("--report", action="store_true", help="only tabulate the workloads done so far")
     args = parser.parse_args()
     start = time.time()
     uris = list_workloads(args.filter)
     strategies = tuple(s for s in args.strategies.split(",") if s)
     stem = f"strategies_verify_{args.out}" if args.out else "strategies_verify"
-    rows: list[dict] = []
-    with cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for result in pool.map(check_workload, uris, [strategies] * len(uris)):
-            rows.extend(result)
+    # one line per finished workload (counts and failures), so a long run that is stopped resumes where
+    # it was; the file is small enough to commit, so a later session can finish the run
+    progress = RESULTS / f"{stem}.progress.jsonl"
+    RESULTS.mkdir(exist_ok=True)
+    done: dict[str, dict] = {}
+    if progress.exists():
+        for line in progress.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                done[entry["workload"]] = entry
+    if args.report:
+        uris = [u for u in uris if u in done]
+    todo = [u for u in uris if u not in done]
+    print(f"{len(uris) - len(todo)} workloads already done, {len(todo)} to go", flush=True)
+    with cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool, \
+            progress.open("a") as log:
+        for uri, result in zip(todo, pool.map(check_workload, todo, [strategies] * len(todo))):
+            counts = collections.defaultdict(collections.Counter)
             for row in result:
+                counts[row["strategy"]]["ok" if row["ok"] else "failed"] += 1
                 if not row["ok"]:
                     print(f"FAILED {row['workload']} {row['action']}: {row['reason']}", flush=True)
+            done[uri] = {"workload": uri, "counts": {k: dict(v) for k, v in sorted(counts.items())},
+                         "failures": [row for row in result if not row["ok"]]}
+            log.write(json.dumps(done[uri], sort_keys=True) + "\n")
+            log.flush()
     table = collections.defaultdict(collections.Counter)
-    for row in rows:
-        table[row["strategy"]]["ok" if row["ok"] else "failed"] += 1
+    for uri in uris:
+        for name, c in done[uri]["counts"].items():
+            table[name].update(c)
+    failures = [row for uri in uris for row in done[uri]["failures"]]
+    verified = sum(c["ok"] for c in table.values())
+    total = verified + sum(c["failed"] for c in table.values())
     which = f"the strategies {', '.join(strategies)}" if strategies else "every strategy"
     lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `tiny`)", "",
-             f"{len(uris)} workloads, {len(rows)} candidates, {sum(r['ok'] for r in rows)} verified equivalent, "
-             f"{time.time() - start:.0f} s with {args.workers} workers.", "",
+             f"{len(uris)} workloads{' (done so far)' if args.report else ''}, {total} candidates, {verified} verified equivalent, "
+             f"{time.time() - start:.0f} s with {args.workers} workers in the last run (a stopped run resumes from "
+             f"{progress.name}).", "",
              "| strategy | candidates | verified | failed | rate |", "|---|---|---|---|---|"]
     for name in sorted(set(table) | set(strategies)):
         c = table[name]
         total = c["ok"] + c["failed"]
         rate = f"{c['ok'] / total:.1%}" if total else "-"
         lines.append(f"| {name} | {total} | {c['ok']} | {c['failed']} | {rate} |")
-    RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps([r for r in rows if not r["ok"]], indent=1) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(failures, indent=1) + "\n")
     print("\n".join(lines))
 
 

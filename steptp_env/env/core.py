@@ -290,8 +290,10 @@ class StepTPEnv(gym.Env):
                 "speedup": self.initial_s / self.runtime_s, "step": self._steps, "workload": self.workload.uri}
         if estimate is not None:
             info.update(runtime_source=estimate.source, spread=estimate.spread)
-            if estimate.measurement is not None and estimate.measurement.verify is not None:
-                info["verify"] = estimate.measurement.verify.to_dict()
+            m = estimate.measurement
+            if m is not None and m.verify is not None:
+                info["verify"] = m.verify.to_dict()
+                info["measure_phases_s"] = {"build": m.build_s, "verify": m.verify_s, "time": m.time_s}
         info.update(extra)
         return info
 
