@@ -332,6 +332,158 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
     console.print(f"saved the run to {folder}/")
 
 
+# -- datasets: generate, export, validate, import ------------------------------------------------------
+def _strategy_table(title: str, columns: tuple[str, ...], rows: dict[str, tuple]) -> Table:
+    table = Table(title=title)
+    for col in ("strategy", *columns):
+        table.add_column(col)
+    for name in sorted(rows):
+        table.add_row(name, *map(str, rows[name]))
+    return table
+
+
+@app.command("generate")
+def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output folder (resumed if it exists)"),
+                  workloads: list[str] = typer.Option(["*"], "--workload", "-w", help="suite URIs or globs"),
+                  preset: str = typer.Option("small", "--preset", "-p"),
+                  dtype: str = typer.Option("float32"),
+                  mode: str = typer.Option("model", help="how rows get runtimes: model, hybrid or measure"),
+                  steps: int = typer.Option(1, help="1: one-step rows; n: seeded random walks of n steps"),
+                  per_strategy: int = typer.Option(2, help="one-step: actions tried per strategy and workload"),
+                  walks: int = typer.Option(4, help="multi-step: walks per workload"),
+                  strategy: Optional[list[str]] = typer.Option(None, "--strategy", "-s", help="only these strategies"),
+                  workers: int = typer.Option(2, help="programs built and verified at once"),
+                  seed: int = typer.Option(0),
+                  time_limit: Optional[float] = typer.Option(None, help="stop after this many seconds")) -> None:
+    """Generate verified steps over workloads x strategies into OUT/steps.jsonl (resumable); print the
+    per-strategy statistics."""
+    import random
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .data.generate import GenerateConfig, generate
+    from .workloads import list_workloads
+
+    uris = sorted({u for pattern in workloads for u in (list_workloads(pattern) if any(c in pattern for c in "*?[")
+                                                        else [pattern])})
+    random.Random(seed).shuffle(uris)  # a seeded order: a run cut short by the time limit still spans the suite
+    try:
+        config = GenerateConfig(tuple(uris), preset, dtype, "llvm", mode, steps, per_strategy, walks, seed, workers,
+                                tuple(strategy) if strategy else None)
+    except ValueError as exc:
+        _fail(exc)
+    start = time.monotonic()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("generating", total=len(uris))
+
+        def advance(uri: str, result) -> None:
+            progress.update(task, completed=result.workloads_done,
+                            description=f"{uri}: {result.written} rows, {result.rejected} rejected")
+
+        try:
+            result = generate(config, out, time_limit, advance)
+        except ValueError as exc:
+            _fail(exc)
+    hours = (time.monotonic() - start) / 3600
+    rows = {n: (result.rows_by_strategy.get(n, 0), result.rejected_by_strategy.get(n, 0))
+            for n in set(result.rows_by_strategy) | set(result.rejected_by_strategy)}
+    console.print(_strategy_table(f"{out / 'steps.jsonl'}: {sum(result.rows_by_strategy.values())} verified rows "
+                                  f"of {len(result.rows_by_workload)} workloads", ("rows", "rejected"), rows))
+    console.print(f"this run: {result.written} rows written ({result.written / max(hours, 1e-9):.0f}/hour), "
+                  f"{result.rejected} rejected, {result.skipped} already done; {result.workloads_done}/{len(uris)} "
+                  f"workloads finished" + (" (stopped at the time limit)" if result.stopped_early else ""))
+    (out / "stats.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+
+
+EXPORT_FORMATS = ("steptp-chat", "steptp-chat-grounded", "trajectory", "minari")
+
+
+@app.command("export")
+def export_rows(inputs: list[Path] = typer.Argument(..., help="trajectory files or folders of them"),
+                out: Path = typer.Option(..., "--out", "-o", help="the export folder"),
+                kind: str = typer.Option("steptp-chat", "--format", "-f", help=", ".join(EXPORT_FORMATS)),
+                system: bool = typer.Option(False, help="start every conversation with our system turn"),
+                labels: int = typer.Option(1, help="k > 1: multi-label rows with up to k transformations"),
+                max_per_strategy: Optional[int] = typer.Option(None, help="cap on rows per strategy"),
+                max_per_workload: Optional[int] = typer.Option(None, help="cap on rows per workload"),
+                keep_unverified: bool = typer.Option(False, help="keep steps that carry no verify report"),
+                keep_cosmetic: bool = typer.Option(False, help="keep steps that only rename"),
+                keep_undo: bool = typer.Option(False, help="keep steps that return to an earlier program"),
+                parquet: bool = typer.Option(True, help="also write data/train.parquet"),
+                validate: bool = typer.Option(False, help="re-validate every written row"),
+                workers: int = typer.Option(2, help="builds at once when validating"),
+                seed: int = typer.Option(0, help="which rows the caps keep")) -> None:
+    """Filter recorded steps and write rows (JSONL, parquet, dataset card), or a Minari dataset."""
+    from .data.dataset import export_dataset
+    from .data.export import ExportOptions
+    from .data.filters import FilterConfig
+
+    if kind not in EXPORT_FORMATS:
+        _fail(ValueError(f"--format must be one of {', '.join(EXPORT_FORMATS)}"))
+    config = FilterConfig(require_verified=not keep_unverified, drop_cosmetic=not keep_cosmetic,
+                          drop_undo=not keep_undo, max_per_strategy=max_per_strategy,
+                          max_per_workload=max_per_workload, seed=seed)
+    if kind == "minari":
+        from .data.minari_export import export_minari
+
+        try:
+            dataset, report = export_minari(inputs, out, config=config)
+        except (ValueError, ImportError) as exc:
+            _fail(exc)
+        console.print(f"minari dataset under {out}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+        return
+    rows, report = export_dataset(inputs, out, ExportOptions(kind, system, labels), config, parquet)
+    console.print(f"{len(rows)} rows to {out / 'data'}; kept {report.kept}/{report.total} steps; dropped: "
+                  + (", ".join(f"{k} {v}" for k, v in report.to_dict()["dropped"].items()) or "none"))
+    if validate:
+        _validate(out / "data" / "train.jsonl", workers)
+
+
+def _validate(path: Path, workers: int) -> None:
+    from .data.validate_rows import validate_file
+
+    checks = validate_file(path, workers)
+    bad = [c for c in checks if not c.ok]
+    for check in bad:
+        console.print(f"[red]{check.id}[/red]: " + escape("; ".join(check.errors)))
+    console.print(f"{path}: {len(checks) - len(bad)}/{len(checks)} rows valid")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command("validate-rows")
+def validate_rows(path: Path = typer.Argument(..., help="a JSONL file of exported rows"),
+                  workers: int = typer.Option(2, help="builds at once")) -> None:
+    """Re-check every row: the prompt's program parses, each answer parses, identify confirms its
+    applied_strategy, and it verifies equivalent to the workload's reference."""
+    _validate(path, workers)
+
+
+@app.command("import")
+def import_rows(path: Path = typer.Argument(..., help="a JSONL file of Step-TP chat rows"),
+                out: Optional[Path] = typer.Option(None, "--out", "-o", help="trajectory file for accepted rows"),
+                workers: int = typer.Option(2, help="builds at once"),
+                max_iterations: Optional[int] = typer.Option(None, help="do not verify programs larger than this "
+                                                             "(loop iterations)")) -> None:
+    """Import Step-TP chat rows as one-step trajectories: parse, identify the action, verify the answer
+    against the original program. Prints per-strategy counts and every rejected row with its reason."""
+    from .data.importer import STATUSES, import_file
+
+    results = import_file(path, out, workers=workers, max_iterations=max_iterations)
+    counts: dict[str, list[int]] = {}
+    for r in results:
+        counts.setdefault(r.strategy or "(unreadable)", [0] * len(STATUSES))[STATUSES.index(r.status)] += 1
+    table = {k: tuple(v) for k, v in counts.items()}
+    console.print(_strategy_table(f"{path}: {len(results)} rows", STATUSES, table))
+    for r in results:
+        if r.status == "failed":
+            console.print(f"row {r.row} ({r.strategy}): " + escape(r.reason))
+    if out is not None:
+        console.print(f"wrote {sum(r.record is not None for r in results)} steps to {out}")
+
+
 @workloads_app.command("list")
 def workloads_list(pattern: Optional[str] = typer.Argument(None, metavar="[FILTER]",
                                                            help="a glob such as 'level1/*conv*' (or a substring)")) -> None:

@@ -1,1 +1,4 @@
-"""Recorded trajectories and datasets; for now, reading the Step-TP reference corpus."""
+"""Recorded trajectories and datasets: the `Recorder` wrapper and its trajectory files, filters for
+balance, exporters (Step-TP chat rows, grounded rows, whole-episode conversations, Hugging Face folders,
+Minari), row validation, large-scale generation, the import of Step-TP chat rows, and reading the Step-TP
+reference corpus. Submodules import what they need on use (TVM, the env, minari)."""

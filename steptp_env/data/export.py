@@ -1,0 +1,170 @@
+"""Dataset rows from recorded steps: Step-TP chat rows (plain and grounded) and whole-episode conversations.
+
+Every row has the same columns, so one loader reads every kind:
+- `id`: a content hash (same workload, program and actions give the same id in any run);
+- `kind`: `steptp-chat`, `steptp-chat-grounded` or `trajectory`;
+- `messages`: `[{"role", "content"}]`, an optional system turn, then user and assistant turns. Assistant
+  turns are `<think>reasoning</think><answer>{"transformed_IR": ..., "applied_strategy": ...}</answer>`;
+  a multi-label row's answer is a JSON list of such objects (k different verified transformations of the
+  same program); a conversation ends with `<answer>stop()</answer>`;
+- `workload`, `preset`, `dtype`, `target`: where the program comes from (what validation verifies against);
+- `strategies`, `actions`: the applied strategy and action text of each answer, in order.
+
+Plain reasoning states the program's analysis facts, the chosen action and the strategy's own explanation
+of why it is legal and what it changes. Grounded reasoning adds the runtimes before and after (each
+labelled measured or predicted) and the speedup, and how the analysis counts change. Output is a pure
+function of the steps and options: rows are sorted, text is formatted with fixed precision.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir.program import Program
+from .filters import step_id
+from .prompts import (SYSTEM_PROMPT, answer_object, assistant_turn, episode_prompt, facts, facts_sentence,
+                      runtime_sentence, step_prompt, verify_sentence)
+
+KINDS = ("steptp-chat", "steptp-chat-grounded", "trajectory")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """`kind` of rows; `system`: start each conversation with our system turn; `labels`: with k > 1,
+    chat rows are multi-label (programs with at least `min_labels` distinct verified transformations,
+    up to k of them, as many different strategies as there are)."""
+
+    kind: str = "steptp-chat"
+    system: bool = False
+    labels: int = 1
+    min_labels: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.labels < 1 or self.min_labels < 1:
+            raise ValueError("labels and min_labels must be at least 1")
+
+
+def _program(part: dict[str, Any]) -> Program:
+    return Program.parse(part["leir"], part["signature"])
+
+
+def _delta_sentence(before: dict[str, int], after: dict[str, int]) -> str:
+    changed = [f"{key.replace('_', ' ')} {before[key]:,} -> {after[key]:,}"
+               for key in before if before[key] != after[key]]
+    return ("Afterwards: " + ", ".join(changed) + ".") if changed else "None of these counts changes."
+
+
+def reasoning(step: dict[str, Any], grounded: bool, state_facts: bool = True) -> str:
+    """The <think> text of one step: facts of the program (unless `state_facts` is off), the action, the
+    strategy's explanation; with `grounded`, also the runtimes (labelled by source), the speedup and how
+    the facts change."""
+    before = facts(_program(step["before"]))
+    parts = [facts_sentence(before)] if state_facts else []
+    parts.append(f"I apply {step['action']}.")
+    if step.get("explain"):
+        parts.append(step["explain"].strip())
+    if grounded:
+        parts.append(_delta_sentence(before, facts(_program(step["after"]))))
+        timing = runtime_sentence(step)
+        if timing:
+            parts.append(timing)
+    return " ".join(parts)
+
+
+def _row(kind: str, ident: str, messages: list[dict[str, str]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    first = steps[0]
+    return {"id": ident, "kind": kind, "messages": messages, "workload": first["workload"],
+            "preset": first.get("preset"), "dtype": first.get("dtype"), "target": first.get("target"),
+            "strategies": [s["strategy"] for s in steps], "actions": [s["action"] for s in steps]}
+
+
+def _opening(options: ExportOptions, prompt: str) -> list[dict[str, str]]:
+    system = [{"role": "system", "content": SYSTEM_PROMPT}] if options.system else []
+    return system + [{"role": "user", "content": prompt}]
+
+
+def chat_row(step: dict[str, Any], options: ExportOptions) -> dict[str, Any]:
+    """One single-label row."""
+    before = _program(step["before"])
+    think = reasoning(step, options.kind == "steptp-chat-grounded")
+    answer = answer_object(step["after"]["leir"], step["strategy"])
+    messages = _opening(options, step_prompt(before, step["workload"])) + [
+        {"role": "assistant", "content": assistant_turn(think, answer)}]
+    return _row(options.kind, step_id(step), messages, [step])
+
+
+def _diverse(group: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Up to k steps, taking strategies in turn (each strategy's steps in id order)."""
+    by_strategy: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for step in sorted(group, key=step_id):
+        by_strategy[step["strategy"]].append(step)
+    chosen, depth = [], 0
+    while len(chosen) < k and any(len(v) > depth for v in by_strategy.values()):
+        chosen += [v[depth] for _, v in sorted(by_strategy.items()) if len(v) > depth][:k - len(chosen)]
+        depth += 1
+    return chosen
+
+
+def multi_label_row(group: list[dict[str, Any]], options: ExportOptions) -> dict[str, Any]:
+    """One row with k different transformations of the same program."""
+    chosen = _diverse(group, options.labels)
+    before = _program(chosen[0]["before"])
+    grounded = options.kind == "steptp-chat-grounded"
+    options_text = (f"Option {n}: {reasoning(step, grounded, state_facts=False)}" for n, step in enumerate(chosen, 1))
+    think = " ".join([facts_sentence(facts(before)), *options_text])
+    answer = [answer_object(s["after"]["leir"], s["strategy"]) for s in chosen]
+    messages = _opening(options, step_prompt(before, chosen[0]["workload"], len(chosen))) + [
+        {"role": "assistant", "content": assistant_turn(think, answer)}]
+    ident = hashlib.sha256(" ".join(step_id(s) for s in chosen).encode()).hexdigest()[:16]
+    return _row(options.kind, ident, messages, chosen)
+
+
+def _feedback(step: dict[str, Any], initial_s: float | None) -> str:
+    parts = [f"Step applied: {step['action']}.", verify_sentence(step.get("verify"))]
+    timing = runtime_sentence(step)
+    if timing:
+        parts.append(timing)
+        if initial_s:
+            parts.append(f"Overall x{initial_s / step['runtime_after_s']:.3f} since the start.")
+    parts.append("Next transformation, or stop()?")
+    return " ".join(parts)
+
+
+def trajectory_row(episode: list[dict[str, Any]], options: ExportOptions) -> dict[str, Any]:
+    """A whole episode as a conversation: the program, then action, feedback, action, ..., stop. The
+    feedback turns carry verification and runtimes, so the assistant's reasoning is the plain one."""
+    first = episode[0]
+    messages = _opening(options, episode_prompt(_program(first["before"]), first["workload"]))
+    initial_s = first.get("runtime_before_s")
+    for n, step in enumerate(episode):
+        if n:
+            messages.append({"role": "user", "content": _feedback(episode[n - 1], initial_s)})
+        answer = answer_object(step["after"]["leir"], step["strategy"])
+        messages.append({"role": "assistant", "content": assistant_turn(reasoning(step, grounded=False), answer)})
+    messages.append({"role": "user", "content": _feedback(episode[-1], initial_s)})
+    last = episode[-1].get("runtime_after_s")
+    total = f" x{initial_s / last:.3f} faster than at the start" if initial_s and last else ""
+    done = f"After {len(episode)} step(s) the program is{total}; I expect no further gain, so I stop."
+    messages.append({"role": "assistant", "content": assistant_turn(done, "stop()")})
+    ident = hashlib.sha256(" ".join(step_id(s) for s in episode).encode()).hexdigest()[:16]
+    return _row("trajectory", ident, messages, episode)
+
+
+def chat_rows(steps: list[dict[str, Any]], options: ExportOptions) -> list[dict[str, Any]]:
+    """Rows of filtered steps: one per step, or (labels > 1) one per program with enough labels."""
+    if options.labels == 1:
+        rows = [chat_row(step, options) for step in steps]
+    else:
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        for step in steps:
+            groups[(step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"])].append(step)
+        rows = [multi_label_row(group, options) for group in groups.values() if len(group) >= options.min_labels]
+    return sorted(rows, key=lambda r: (r["workload"], r["id"]))
+
+
+def trajectory_rows(episodes: list[list[dict[str, Any]]], options: ExportOptions) -> list[dict[str, Any]]:
+    return sorted((trajectory_row(e, options) for e in episodes), key=lambda r: (r["workload"], r["id"]))

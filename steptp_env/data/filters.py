@@ -1,0 +1,186 @@
+"""Which recorded steps become dataset rows: quality filters and caps for balance.
+
+In the spirit of Step-TP's strategy filtering, but on verified facts: a step is dropped when it failed,
+was not verified or failed verification, changes nothing (no-op) or only fresh names (cosmetic), returns
+to a program its episode already had (undoing an earlier step, like a fusion right after the fission it
+reverses), or repeats a transition already kept. Caps then bound the rows per strategy and per workload,
+keeping a seeded random subset so that no strategy or workload dominates. Every drop is counted with its
+reason in a `FilterReport`.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from ..ir.program import Program
+from ..strategies import canonical_text
+
+Steps = list[dict[str, Any]]
+"""Step records of a trajectory file (see `records.py`)."""
+
+REASONS = ("error", "stop", "free-form", "not verified", "verification failed", "no-op", "cosmetic", "undo",
+           "duplicate", "after a dropped step", "strategy cap", "workload cap")
+"""Drop reasons, in the order the filters run."""
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """What to drop. Caps of None mean no cap; `seed` picks which rows a cap keeps."""
+
+    require_verified: bool = True
+    drop_noop: bool = True
+    drop_cosmetic: bool = True
+    drop_undo: bool = True
+    drop_duplicates: bool = True
+    max_per_strategy: int | None = None
+    max_per_workload: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class FilterReport:
+    """Steps in and kept, and the drops by reason (overall and per strategy)."""
+
+    config: FilterConfig
+    total: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    by_strategy: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+    def drop(self, step: dict[str, Any], reason: str) -> None:
+        self.dropped[reason] += 1
+        self.by_strategy[step.get("strategy") or "(none)"][reason] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "total": self.total, "kept": self.kept,
+                "dropped": {r: self.dropped[r] for r in REASONS if self.dropped[r]},
+                "dropped_by_strategy": {s: {r: c[r] for r in REASONS if c[r]}
+                                        for s, c in sorted(self.by_strategy.items())}}
+
+
+def step_id(step: dict[str, Any]) -> str:
+    """A content id of a transition: the same workload, program and action give the same id in any run."""
+    text = "\n".join(str(step.get(k)) for k in ("workload", "preset", "dtype", "target", "action"))
+    return hashlib.sha256((text + "\n" + step["before"]["leir"]).encode()).hexdigest()[:16]
+
+
+def episode_key(step: dict[str, Any]) -> tuple[str, str]:
+    return step.get("source") or "", str(step.get("episode"))
+
+
+def _canonical(part: dict[str, Any]) -> str:
+    return canonical_text(Program.parse(part["leir"], part["signature"], validate=False))
+
+
+def _quality(step: dict[str, Any], config: FilterConfig) -> str | None:
+    """The reason a step cannot be a row on its own (None when it can)."""
+    if step.get("error"):
+        return "error"
+    if step.get("after") is None:
+        return "stop"
+    if not step.get("strategy"):
+        return "free-form"
+    report = step.get("verify")
+    if report is None and config.require_verified:
+        return "not verified"
+    if report is not None and not report.get("equivalent"):
+        return "verification failed"
+    if step["after"]["leir"] == step["before"]["leir"] and config.drop_noop:
+        return "no-op"
+    return None
+
+
+def _episodes(steps: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for step in steps:
+        grouped[episode_key(step)].append(step)
+    return [sorted(grouped[k], key=lambda s: s.get("step") or 0) for k in sorted(grouped)]
+
+
+def _walk(episode: list[dict[str, Any]], config: FilterConfig, report: FilterReport,
+          truncate: bool) -> list[dict[str, Any]]:
+    """The steps of one episode that pass the quality filters; with `truncate`, none after the first
+    dropped transformation (later states depend on it)."""
+    kept, seen, stopped = [], set(), False
+    for step in episode:
+        moved = step.get("after") is not None and not step.get("error")
+        reason = "after a dropped step" if stopped else _quality(step, config)
+        if moved and (config.drop_cosmetic or config.drop_undo):
+            before, after = _canonical(step["before"]), _canonical(step["after"])
+            seen.add(before)
+            if reason is None and config.drop_cosmetic and before == after:
+                reason = "cosmetic"
+            elif reason is None and config.drop_undo and after in seen:
+                reason = "undo"
+            seen.add(after)
+        if reason is None:
+            kept.append(step)
+        else:
+            report.drop(step, reason)
+            stopped = stopped or (truncate and moved)
+    return kept
+
+
+def _rank(config: FilterConfig, step: dict[str, Any]) -> str:
+    return hashlib.sha256(f"{config.seed}:{step_id(step)}".encode()).hexdigest()
+
+
+def _cap(steps: list[dict[str, Any]], limit: int | None, group, reason: str, config: FilterConfig,
+         report: FilterReport) -> list[dict[str, Any]]:
+    if limit is None:
+        return steps
+    chosen: set[int] = set()
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, step in enumerate(steps):
+        members[group(step)].append(i)
+    for indices in members.values():
+        chosen.update(sorted(indices, key=lambda i: _rank(config, steps[i]))[:limit])
+    for i, step in enumerate(steps):
+        if i not in chosen:
+            report.drop(step, reason)
+    return [s for i, s in enumerate(steps) if i in chosen]
+
+
+def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[Steps, FilterReport]:
+    """Steps that may each become a one-step row, in a deterministic order, and the report."""
+    report = FilterReport(config, total=len(steps))
+    kept = [s for episode in _episodes(steps) for s in _walk(episode, config, report, truncate=False)]
+    kept.sort(key=lambda s: (s["workload"], step_id(s)))
+    if config.drop_duplicates:
+        unique, seen = [], set()
+        for step in kept:
+            key = (step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"],
+                   _canonical(step["after"]))
+            if key in seen:
+                report.drop(step, "duplicate")
+            else:
+                seen.add(key)
+                unique.append(step)
+        kept = unique
+    kept = _cap(kept, config.max_per_strategy, lambda s: s["strategy"], "strategy cap", config, report)
+    kept = _cap(kept, config.max_per_workload, lambda s: s["workload"], "workload cap", config, report)
+    report.kept = len(kept)
+    return kept, report
+
+
+def filter_episodes(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[list[Steps], FilterReport]:
+    """Episodes cut at their first dropped transformation (failed attempts in between are skipped, not
+    cut at), empty ones removed; `max_per_workload` caps episodes, not steps. Strategy caps do not apply."""
+    report = FilterReport(config, total=len(steps))
+    episodes = [kept for episode in _episodes(steps) if (kept := _walk(episode, config, report, truncate=True))]
+    if config.max_per_workload is not None:
+        by_workload: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
+        for episode in episodes:
+            by_workload[episode[0]["workload"]].append(episode)
+        episodes = []
+        for uri in sorted(by_workload):
+            ranked = sorted(by_workload[uri], key=lambda e: _rank(config, e[0]))
+            for dropped in ranked[config.max_per_workload:]:
+                for step in dropped:
+                    report.drop(step, "workload cap")
+            episodes += ranked[:config.max_per_workload]
+    episodes.sort(key=lambda e: (e[0]["workload"], step_id(e[0]), len(e)))
+    report.kept = sum(map(len, episodes))
+    return episodes, report

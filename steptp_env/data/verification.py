@@ -1,0 +1,49 @@
+"""Verifying dataset rows: build and check programs in worker processes, several at a time.
+
+Every row a generator writes, an exporter keeps or an importer accepts is checked the same way:
+`measure(..., timing=False)` builds the program in an isolated worker (a crash or hang is a result) and
+compares it with the reference here. Parallel checks each get their own worker process.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import gc
+import queue
+from typing import Any, Sequence
+
+from ..ir.program import Program
+from ..measure import Protocol, measure
+from ..measure.runner import worker_for
+from ..measure.verify import Reference
+
+
+def check(program: Program, reference: Reference, target: str = "llvm", protocol: Protocol | None = None,
+          slot: int = 0) -> dict[str, Any]:
+    """The verify report of `program` against `reference` as a dict (`equivalent`, errors, `reason`); a
+    failed build or run is a report with `equivalent: false` and the failure as its `reason`."""
+    protocol = protocol or Protocol()
+    m = measure(program, reference, target, protocol, worker=worker_for(protocol.threads, slot), timing=False)
+    gc.collect()  # a Program reference is built here; free its module and arrays before the next check
+    if m.verify is None:
+        return {"equivalent": False, "reason": m.error or "not verified", "trials": 0}
+    return m.verify.to_dict()
+
+
+def check_many(items: Sequence[tuple[Program, Reference]], target: str = "llvm", protocol: Protocol | None = None,
+               workers: int = 1) -> list[dict[str, Any]]:
+    """`check` for each (program, reference), `workers` at once; reports in input order."""
+    if workers <= 1 or len(items) <= 1:
+        return [check(p, r, target, protocol) for p, r in items]
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(workers):
+        slots.put(slot)
+
+    def one(item: tuple[Program, Reference]) -> dict[str, Any]:
+        slot = slots.get()
+        try:
+            return check(item[0], item[1], target, protocol, slot)
+        finally:
+            slots.put(slot)
+
+    with cf.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, items))
