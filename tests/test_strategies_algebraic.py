@@ -16,6 +16,8 @@ from steptp_env.ir.program import Program
 from steptp_env.strategies import REGISTRY, Action, apply_action, identify
 from steptp_env.strategies import algebraic, base
 from steptp_env.strategies.algebraic import PAIRS, cosmetic_key, tensor_signs
+from steptp_env.strategies.identify import canonical_text
+from steptp_env.workloads import get_workload
 
 ALGEBRAIC = tuple(name for pair in PAIRS for name in pair[:2])
 WORKLOADS = ("level1/sigmoid", "level1/softmax", "level1/layer_norm", "level1/gelu_tanh", "level1/mse_loss")
@@ -216,3 +218,18 @@ def test_identify_labels_reference_rows(ref_programs, ref_transitions):
     for row in rows[:2]:
         before, after = (Program.parse(row[k], sigs[row["program"]]) for k in ("original_leir", "transformed_leir"))
         assert row["strategy"] in {a.strategy for a in identify(before, after)}, row["program"]
+
+
+def test_identify_accepts_an_answer_spelled_differently():
+    """An answer that writes our rewrite with other number spellings and operand order (as Step-TP's
+    rows and LLMs do) is labelled; the unchanged program respelled is not a rewrite of any kind."""
+    program = get_workload("level1/batch_norm", preset="tiny").program
+    action = REGISTRY["together"].candidates(program)[0]
+    ours = apply_action(program, action)
+    respelled = ours.leir.replace("1e-05", "1.0e-5").replace("+D^{f32,g}_{c}*sqrt", "+sqrt", 1)
+    respelled = respelled.replace("sqrt(F^{f32,g}_{c}+1.0e-5))/", "sqrt(F^{f32,g}_{c}+1.0e-5)*D^{f32,g}_{c})/", 1)
+    answer = Program.parse(respelled, program.signature)
+    assert canonical_text(answer) != canonical_text(ours)
+    assert action in identify(program, answer)
+    only_respelled = Program.parse(program.leir.replace("1e-05", "1.0e-5"), program.signature)
+    assert not [a for a in identify(program, only_respelled) if a.strategy in ALGEBRAIC]

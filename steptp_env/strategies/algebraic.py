@@ -647,6 +647,20 @@ class AlgebraicRewrite(Strategy):
             changed += [(i, j) for j, (a, b) in enumerate(zip(old, new)) if a != b]
         return [self.action(nest=i, eq=j) for i, j in changed] if len(changed) == 1 else []
 
+    def matches_spelling(self, result: Program, answer: Program) -> bool:
+        """Answers spell numbers and order operands freely (`1e-05` as `1.0e-5`, `K/M+1` as `1.0+(K/M)`):
+        the same loops with every equation equal under `cosmetic_key`, the notion that keeps cosmetic-only
+        rewrites off the menu, is the same program."""
+        if len(result.nests) != len(answer.nests):
+            return False
+        for one, two in zip(result.nests, answer.nests):
+            ours, theirs = list(equations(one)), list(equations(two))
+            if len(ours) != len(theirs) or any(
+                    a[0] != b[0] or cosmetic_key(a[1].lhs) != cosmetic_key(b[1].lhs)
+                    or cosmetic_key(a[1].rhs) != cosmetic_key(b[1].rhs) for a, b in zip(ours, theirs)):
+                return False
+        return True
+
     def explain(self, before: Program, action: Action, after: Program) -> str:
         done = _rewrite(self, before, action["nest"], action["eq"])
         old, new = op_counts(done.before.rhs), op_counts(done.after.rhs)

@@ -162,6 +162,11 @@ class Strategy:
     def explain(self, before: Program, action: Action, after: Program) -> str:
         raise NotImplementedError
 
+    def matches_spelling(self, result: Program, answer: Program) -> bool:
+        """Whether this strategy's `result` is `answer` written differently, for `identify` (which first
+        compares canonical texts). Default: no other spelling is the same program."""
+        return False
+
     def infer(self, before: Program, after: Program) -> list[Action]:
         """Actions outside the candidate menu that turn `before` into `after` (e.g. a split factor the menu
         does not offer); used by `identify`. Default: none."""

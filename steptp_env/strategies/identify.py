@@ -76,7 +76,7 @@ def identify(before: Program, after: Program) -> list[Action]:
                 result = strategy.apply(before, action)
             except StepTPError:
                 continue
-            if canonical_text(result) == target:
+            if canonical_text(result) == target or strategy.matches_spelling(result, after):
                 found.append(action)
     return found
 
