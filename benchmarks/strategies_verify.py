@@ -91,10 +91,11 @@ def main() -> None:
     total = verified + sum(c["failed"] for c in table.values())
     which = f"the strategies {', '.join(strategies)}" if strategies else "every strategy"
     lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `tiny`)", "",
-             f"{len(uris)} workloads{' (done so far)' if args.report else ''}, {total} candidates, {verified} verified equivalent, "
-             (f"tabulated from {progress.name} (the run is not finished)." if args.report else
-              f"{time.time() - start:.0f} s with {args.workers} workers in the last run (a stopped run resumes "
-              f"from {progress.name})."), "",
+             f"{len(uris)} workloads{' (done so far)' if args.report else ''}, {total} candidates, "
+             f"{verified} verified equivalent, " + (
+                 f"tabulated from {progress.name} (the run is not finished)." if args.report else
+                 f"{time.time() - start:.0f} s with {args.workers} workers in the last run (a stopped run "
+                 f"resumes from {progress.name})."), "",
              "| strategy | candidates | verified | failed | rate |", "|---|---|---|---|---|"]
     for name in sorted(set(table) | set(strategies)):
         c = table[name]
