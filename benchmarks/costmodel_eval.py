@@ -27,6 +27,8 @@ from steptp_env.costmodel.dataset import collect, load_dataset, split_workloads,
 from steptp_env.measure import Protocol, ResultStore
 from steptp_env.workloads import list_workloads
 
+from results_file import write_keeping_notes
+
 RESULTS = Path(__file__).resolve().parent / "results"
 NOTES = "## Notes"
 
@@ -105,11 +107,7 @@ def main() -> None:
              "other. "
              f"The held-out programs were timed at load averages {load_low:.1f} to {load_high:.1f} on this "
              f"machine; the median interquartile range of their repeated timings is {spread:.1%} of the median."]
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "costmodel_eval.md"
-    old = out.read_text() if out.exists() else ""
-    notes = old[old.index(NOTES):] if NOTES in old else ""
-    out.write_text("\n".join(lines) + "\n" + ("\n" + notes if notes else ""))
+    write_keeping_notes(RESULTS / "costmodel_eval.md", "\n".join(lines), NOTES)
     print("\n".join(lines))
 
 

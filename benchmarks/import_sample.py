@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_file import write_keeping_notes
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT.parent / "shared" / "steptp-ref" / "chat_rows_sample.jsonl"
 NOTES = "## Causes (written by hand)"
@@ -85,8 +87,7 @@ def main() -> None:
     lines += ["", "## Rows of implemented strategies that did not import", ""]
     lines += [f"- row {r.row} ({r.strategy}): {r.reason}" for r in implemented if r.status == "failed"] or ["- none"]
     out = ROOT / "benchmarks" / "results" / "import_sample.md"
-    notes = out.read_text().partition(NOTES)[2] if out.exists() else ""
-    out.write_text("\n".join(lines) + "\n" + (f"\n{NOTES}{notes}" if notes else ""))
+    write_keeping_notes(out, "\n".join(lines), NOTES)
     print("\n".join(lines))
     summary = {"rows": len(results), "implemented": len(implemented), "labels_confirmed": len(labelled),
                "share": share, "cosmetic_only": cosmetic, "share_without_cosmetic": real_share,

@@ -20,7 +20,10 @@ from steptp_env.lower import lower
 from steptp_env.strategies import REGISTRY, identify
 from steptp_env.strategies.algebraic import cosmetic_key
 
+from results_file import write_keeping_notes
+
 RESULTS = Path(__file__).resolve().parent / "results"
+NOTES = "## Misses by class (written by hand"
 
 
 def cosmetic_only(before: Program, after: Program) -> bool:
@@ -75,9 +78,8 @@ def main() -> None:
                      f"{c['cosmetic']} | {_rate(c['identified'], real)} | {', '.join(map(str, misses[name][:5]))} |")
     lines += ["", f"Overall: {hit}/{total} = {hit / max(1, total):.1%}; without the {cosmetic} cosmetic-only rows "
                   f"{hit}/{total - cosmetic} = {_rate(hit, total - cosmetic)}."]
-    RESULTS.mkdir(exist_ok=True)
     stem = f"strategies_identify_{args.out}" if args.out else "strategies_identify"
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_keeping_notes(RESULTS / f"{stem}.md", "\n".join(lines), NOTES)
     print("\n".join(lines))
 
 
