@@ -19,7 +19,10 @@ from steptp_env.errors import StepTPError
 from steptp_env.strategies import REGISTRY
 from steptp_env.strategies.identify import canonical_text
 
+from results_file import write_keeping_notes
+
 RESULTS = Path(__file__).resolve().parent / "results"
+NOTES = "## The misses explained (written by hand)"
 STRATEGIES = ("normal_loop_max_to_prefix_max", "normal_loop_summation_on_exp_to_prefix_summation_on_exp",
               "online_softmax", "flashattention_wo_tiling", "exponential_split", "multiplicative_split",
               "additive_split", "partially_equivalent_then_correct")
@@ -96,8 +99,7 @@ def main() -> None:
     lines += ["", "## Misses by class", "", "| strategy | class | misses | rows |", "|---|---|---|---|"]
     for (name, kind), found in sorted(misses.items(), key=lambda kv: (STRATEGIES.index(kv[0][0]), kv[0][1])):
         lines.append(f"| {name} | {kind} | {len(found)} | {', '.join(map(str, found[:6]))} |")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "strategies_identify_online.md").write_text("\n".join(lines) + "\n")
+    write_keeping_notes(RESULTS / "strategies_identify_online.md", "\n".join(lines), NOTES)
     print("\n".join(lines))
 
 
