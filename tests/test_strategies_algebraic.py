@@ -87,7 +87,8 @@ def test_forward_and_inverse_undo_each_other(forward, inverse, program, expected
     assert site in REGISTRY[forward].candidates(program)
     done = apply_action(program, site)
     assert cosmetic_key(rhs_of(done)) == cosmetic_key(rhs_of(one(expected, EXPS)))
-    back = apply_action(done, Action.of(inverse, nest=site["nest"], eq=0))
+    back_site = [a for a in REGISTRY[inverse].candidates(done) if a["nest"] == site["nest"] and a["eq"] == 0]
+    back = apply_action(done, back_site[0])  # apart also names the tensor it decomposes in
     assert cosmetic_key(rhs_of(back)) == cosmetic_key(rhs_of(program))
     assert verify(done, program, trials=1).equivalent and verify(back, program, trials=1).equivalent
 
@@ -174,13 +175,16 @@ def test_explain_names_site_facts_and_cost(suite):
 @pytest.mark.parametrize("name", ALGEBRAIC)
 def test_bad_actions_raise_with_a_reason(name):
     program = one(f"{A}+{B}")  # a value no strategy changes
+    extra = ", of=A" if name == "apart" else ""  # apart also names the tensor it decomposes in
     cases = {
-        f"{name}(nest=7, eq=0)": "no nest 7",
-        f"{name}(nest=0, eq=3)": "no equation 3",
-        f"{name}(nest=0, eq=x)": "no equation 'x'",
+        f"{name}(nest=7, eq=0{extra})": "no nest 7",
+        f"{name}(nest=0, eq=3{extra})": "no equation 3",
+        f"{name}(nest=0, eq=x{extra})": "no equation 'x'",
         f"{name}(nest=0)": "takes parameters nest, eq",
-        f"{name}(nest=0, eq=0)": "leaves the value|only reorders",
+        f"{name}(nest=0, eq=0{extra})": "leaves the value|only reorders",
     }
+    if name == "apart":
+        cases["apart(nest=0, eq=0, of=Z)"] = "reads no tensor 'Z'"
     for text, reason in cases.items():
         with pytest.raises(IllegalActionError, match=reason):
             apply_action(program, text)
@@ -233,3 +237,17 @@ def test_identify_accepts_an_answer_spelled_differently():
     assert action in identify(program, answer)
     only_respelled = Program.parse(program.leir.replace("1e-05", "1.0e-5"), program.signature)
     assert not [a for a in identify(program, only_respelled) if a.strategy in ALGEBRAIC]
+
+
+def test_apart_decomposes_in_the_tensor_it_names():
+    """A value of several tensors has a partial-fraction form per tensor; the reference answers whichever
+    its SymPy call named (Step-TP row 6: `apart(e, O)`), so each is a candidate of its own."""
+    program = one(f"({A}*({B}-{D})+{F}*sqrt({E}+1))/sqrt({E}+1)", EXPS)
+    offered = REGISTRY["apart"].candidates(program)
+    assert Action.of("apart", nest=2, eq=0, of="A") in offered and len(offered) >= 2
+    by_a = apply_action(program, Action.of("apart", nest=2, eq=0, of="A"))
+    assert cosmetic_key(rhs_of(by_a)) == cosmetic_key(rhs_of(one(f"{A}*({B}-{D})/sqrt({E}+1)+{F}", EXPS)))
+    results = {cosmetic_key(rhs_of(apply_action(program, a))) for a in offered}
+    assert len(results) == len(offered)  # no tensor whose result repeats another's
+    assert identify(program, by_a) == [Action.of("apart", nest=2, eq=0, of="A")]
+    assert verify(by_a, program, trials=1).equivalent

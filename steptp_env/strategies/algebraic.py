@@ -10,7 +10,7 @@ rewrites it, and the result comes back as AST nodes.
 |---|---|
 | factorization (`factor`) | expand_factorization: `expand` of products and powers of sums |
 | cancellation (`cancel`: one fraction p/q, lowest terms) | expand_cancellation: the terms of p each over q, reduced |
-| together (`together`: one common denominator) | apart: `apart`, partial fractions in the first symbol that has them |
+| together (`together`: one common denominator) | apart: `apart` in the reads of one tensor (parameter `of`) |
 | powsimp (`powsimp`: `exp(a)*exp(b)` -> `exp(a+b)`) | expand_powsimp: `expand` of powers only, the reverse |
 | logsimp (`logcombine`: `log(a)+log(b)` -> `log(a*b)`) | expand_log: `expand_log`, `log(a*b)` -> `log(a)+log(b)` |
 | collect (`collect` on the factors terms share) | expand_collect: a factor distributed over the one sum it multiplies |
@@ -298,9 +298,10 @@ def _distribute(node: sp.Expr) -> sp.Expr:
     return sp.Add(*(rest * term for term in sums[0].args))
 
 
-def _apart(expr: sp.Expr) -> sp.Expr:
-    """Partial fractions in the first symbol (SymPy order) in which the expression has them."""
-    for symbol in sorted(expr.free_symbols, key=sp.default_sort_key):
+@lru_cache(maxsize=8192)
+def _apart(expr: sp.Expr, symbols: tuple[sp.Symbol, ...]) -> sp.Expr:
+    """Partial fractions in the first of `symbols` (SymPy order) in which the expression has them."""
+    for symbol in sorted(symbols, key=sp.default_sort_key):
         try:
             result = sp.apart(expr, symbol)
         except _SYMPY_FAILS:
@@ -316,7 +317,6 @@ REWRITES: dict[str, Callable[[sp.Expr], sp.Expr]] = {
     "cancellation": sp.cancel,
     "expand_cancellation": lambda e: bottom_up(e, _split_fraction),
     "together": sp.together,
-    "apart": _apart,
     "powsimp": lambda e: sp.powsimp(e, deep=True),
     "expand_powsimp": lambda e: sp.expand(e, deep=True, mul=False, multinomial=False, power_exp=True,
                                           power_base=True, log=False, basic=False),
@@ -325,7 +325,7 @@ REWRITES: dict[str, Callable[[sp.Expr], sp.Expr]] = {
     "collect": lambda e: bottom_up(e, _collect_sum),
     "expand_collect": lambda e: bottom_up(e, _distribute),
 }
-"""Strategy name -> its SymPy rewrite."""
+"""Strategy name -> its SymPy rewrite (apart, which needs the variable, is `Apart.rewritten`)."""
 
 
 @lru_cache(maxsize=8192)
@@ -526,9 +526,9 @@ def _reduced_terms(loops: tuple[Loop, ...], eq: Equation) -> int:
     return math.prod(l.extent for l in loops if l.var in found.reduced_vars) if found else 1
 
 
-def _rewrite(strategy: AlgebraicRewrite, program: Program, index, eq_index) -> _Rewrite:
-    """The rewrite `strategy` makes at equation `eq_index` of nest `index`; IllegalActionError says why
-    not."""
+def _rewrite(strategy: AlgebraicRewrite, program: Program, action: Action) -> _Rewrite:
+    """The rewrite `action` makes (at equation `eq` of nest `nest`); IllegalActionError says why not."""
+    index, eq_index = action["nest"], action["eq"]
     nest = nest_at(program, index)
     found = list(equations(nest))
     if not isinstance(eq_index, int) or not 0 <= eq_index < len(found):
@@ -540,7 +540,7 @@ def _rewrite(strategy: AlgebraicRewrite, program: Program, index, eq_index) -> _
     known = _signs_of(program)
     facts = tuple(sorted({(a.name, known[a.name]) for a in accesses(eq.rhs) if a.name in known}))
     before, bridge = _converted(value, facts)
-    after = _rewritten(strategy.name, before)
+    after = strategy.rewritten(before, bridge, action)
     if after == before and not strategy.simplifies:
         raise IllegalActionError(f"{strategy.name} leaves the value of {where} as it is")
     if _powers_of_sums(after) < _powers_of_sums(before) and _reduced_terms(loops, eq) < MIN_SQUARE_EXPANSION_TERMS:
@@ -624,13 +624,23 @@ class AlgebraicRewrite(Strategy):
                             if name in facts))
 
     def nest_candidates(self, program: Program, index: int, target: str) -> list[Action]:
-        count = sum(1 for _ in equations(program.nests[index]))
-        return [self.action(nest=index, eq=j) for j in range(count)
-                if _holds(_rewrite, self, program, index, j)]
+        return [a for j, (_, eq) in enumerate(equations(program.nests[index]))
+                for a in self.site_actions(index, j, eq) if _holds(_rewrite, self, program, a)]
+
+    def site_actions(self, index: int, eq_index: int, eq: Equation) -> list[Action]:
+        """The actions to try at one equation (one; apart has one per tensor read)."""
+        return [self.action(nest=index, eq=eq_index)]
+
+    def rewritten(self, value: sp.Expr, bridge: Bridge, action: Action) -> sp.Expr:
+        """SymPy's rewrite of an equation's value (`bridge` says what its symbols stand for)."""
+        return _rewritten(self.name, value)
+
+    def effect_of(self, action: Action) -> str:
+        return self.effect
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        done = _rewrite(self, program, action["nest"], action["eq"])
+        done = _rewrite(self, program, action)
         nests = list(program.nests)
         nests[done.index] = _replace_equation(nests[done.index], done.eq_index, done.after)
         return program.replace_nests(nests)
@@ -644,8 +654,8 @@ class AlgebraicRewrite(Strategy):
             old, new = list(equations(one)), list(equations(two))
             if len(old) != len(new):
                 return []
-            changed += [(i, j) for j, (a, b) in enumerate(zip(old, new)) if a != b]
-        return [self.action(nest=i, eq=j) for i, j in changed] if len(changed) == 1 else []
+            changed += [(i, j, a[1]) for j, (a, b) in enumerate(zip(old, new)) if a != b]
+        return self.site_actions(*changed[0]) if len(changed) == 1 else []
 
     def matches_spelling(self, result: Program, answer: Program) -> bool:
         """Answers spell numbers and order operands freely (`1e-05` as `1.0e-5`, `K/M+1` as `1.0+(K/M)`):
@@ -662,7 +672,7 @@ class AlgebraicRewrite(Strategy):
         return True
 
     def explain(self, before: Program, action: Action, after: Program) -> str:
-        done = _rewrite(self, before, action["nest"], action["eq"])
+        done = _rewrite(self, before, action)
         old, new = op_counts(done.before.rhs), op_counts(done.after.rhs)
         iterations = trip_count(done.loops)
         delta = (sum(new.values()) - sum(old.values())) * iterations
@@ -679,7 +689,7 @@ class AlgebraicRewrite(Strategy):
         change = "saves" if delta < 0 else "adds"
         how = (" SymPy's automatic simplification made this change on its own; the rewrite itself had "
                "nothing further to do." if done.normal_form_only else "")
-        return (f"{self.name} {self.effect} at {where}, rewriting {value}: {print_expr(done.before.rhs)} "
+        return (f"{self.name} {self.effect_of(action)} at {where}, rewriting {value}: {print_expr(done.before.rhs)} "
                 f"became {print_expr(done.after.rhs)}.{how} It is legal because the rewrite is an algebraic identity "
                 "for real values wherever the original is defined, with the tensor reads treated as "
                 f"independent symbols; no subscript, loop or other equation changes.{facts} Operations per "
@@ -692,6 +702,40 @@ class AlgebraicRewrite(Strategy):
 _SIGN_WORDS = {"pos": "positive", "nonneg": "non-negative"}
 
 
+class Apart(AlgebraicRewrite):
+    """Partial fractions (SymPy apart) of equation `eq` of nest `nest` in the reads of tensor `of`:
+    `apart(nest=0, eq=1, of=O)` decomposes in the first access of O (SymPy order) in which the value has
+    them. A value with several tensors decomposes differently in each (the reference takes whichever its
+    SymPy call names), so each tensor read is a site; a tensor whose decomposition repeats that of a tensor
+    earlier by name is not offered again.
+
+    Preconditions: those of every algebraic rewrite (see `AlgebraicRewrite`), and the value reads `of`."""
+
+    params = ("nest", "eq", "of")
+
+    def site_actions(self, index: int, eq_index: int, eq: Equation) -> list[Action]:
+        return [self.action(nest=index, eq=eq_index, of=name) for name in sorted({a.name for a in accesses(eq.rhs)})]
+
+    def nest_candidates(self, program: Program, index: int, target: str) -> list[Action]:
+        found, seen = [], set()
+        for action in super().nest_candidates(program, index, target):
+            key = (action["eq"], cosmetic_key(_rewrite(self, program, action).after.rhs))
+            if key not in seen:
+                seen.add(key)
+                found.append(action)
+        return found
+
+    def rewritten(self, value: sp.Expr, bridge: Bridge, action: Action) -> sp.Expr:
+        symbols = tuple(s for s, node in bridge.nodes.items() if isinstance(node, Access) and node.name == action["of"])
+        if not symbols:
+            raise IllegalActionError(f"the value at equation {action['eq']} of nest {action['nest']} reads no "
+                                     f"tensor {action['of']!r}")
+        return _apart(value, symbols)
+
+    def effect_of(self, action: Action) -> str:
+        return f"decomposed a fraction into partial fractions in the reads of {action['of']} (SymPy apart)"
+
+
 def _nest_reads(nest: Nest) -> Iterator[Access]:
     for _, eq in equations(nest):
         yield from accesses(eq.rhs)
@@ -699,9 +743,9 @@ def _nest_reads(nest: Nest) -> Iterator[Access]:
 
 def _strategy(name: str, inverse: str, effect: str, simplifies: bool) -> type[AlgebraicRewrite]:
     """One registered strategy class: its name, its inverse and the clause `explain` uses."""
-    cls = type(name.title().replace("_", ""), (AlgebraicRewrite,),
+    cls = type(name.title().replace("_", ""), (Apart if name == "apart" else AlgebraicRewrite,),
                {"name": name, "inverse": inverse, "effect": effect, "simplifies": simplifies,
-                "__doc__": AlgebraicRewrite.__doc__})
+                "__doc__": (Apart if name == "apart" else AlgebraicRewrite).__doc__})
     return register(cls)
 
 
