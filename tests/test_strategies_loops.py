@@ -240,7 +240,10 @@ def test_identify_reference_rows():
             signature = signatures[row["program"]]
             before = Program.parse(row["original_leir"], signature)
             after = Program.parse(row["transformed_leir"], signature)
-            hits += any(a.strategy == strategy for a in identify(before, after))
+            found = identify(before, after)
+            hits += any(a.strategy == strategy for a in found)
+            # limiting the search to the label finds exactly the label's actions of the full search
+            assert identify(before, after, strategies=[strategy]) == [a for a in found if a.strategy == strategy]
         rates[strategy] = hits / len(chosen)
     print("identify rates on the sample:", rates)
     assert set(rates) == set(LOOP_STRATEGIES)

@@ -3,6 +3,7 @@ loop variables. This labels free-form LLM answers and imported Step-TP rows."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Iterable
 
 from ..errors import StepTPError
 from ..ir.ast import Equation, Loop, Nest, accesses, all_loops, equations, rename_var, replace_accesses
@@ -57,14 +58,16 @@ def _rewrite(nest: Nest, loops: dict[str, str], rename_tensor) -> Nest:
     return replace(nest, loops=tuple(Loop(l.kind, l.extent, loops[l.var]) for l in nest.loops), body=body)
 
 
-def identify(before: Program, after: Program) -> list[Action]:
+def identify(before: Program, after: Program, strategies: Iterable[str] | None = None) -> list[Action]:
     """Every action (candidate, or inferred by a strategy for parameters outside its menu) that turns
-    `before` into `after` up to fresh names; [] when no single action does."""
+    `before` into `after` up to fresh names; [] when no single action does. `strategies` limits the search
+    to those (to confirm a given label, one is enough: each strategy is tried on its own)."""
     target = canonical_text(after)
     found: list[Action] = []
+    wanted = None if strategies is None else set(strategies)
     for name in STRATEGY_NAMES:
         strategy = REGISTRY.get(name)
-        if strategy is None:
+        if strategy is None or (wanted is not None and name not in wanted):
             continue
         tried = set()
         for action in [*strategy.candidates(before, "cuda" if _has_binding(after) else "llvm"),
