@@ -15,12 +15,14 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+import psutil
 
 from ..env.answer import read_proposal
 from ..errors import StepTPError
@@ -120,24 +122,50 @@ def _record(number: int, model: str, before: Program, after: Program, action, re
             "obs_after": None}
 
 
+SINGLE_DRAW_ITERATIONS = 1e10
+"""Rows whose programs run more loop iterations are verified on one input draw instead of the protocol's
+`trials`, one row at a time: each draw runs for minutes and holds another copy of inputs of gigabytes."""
+SLOWEST_RATE = 1e8
+"""Loop iterations per second a verification run is allowed at the least: a large row's run timeout grows
+with its size beyond the protocol's."""
+MEMORY_SHARE = 4
+"""A row is verified only if its tensors take at most this share (1/MEMORY_SHARE) of the machine's memory:
+verification holds the inputs, their copy in the worker and the outputs of both programs at once."""
+
+
+def _tensor_bytes(program: Program) -> int:
+    """Bytes of the signature's tensors (`float64` 8 per element, `bool` 1)."""
+    return sum(math.prod(t.shape) * (int(re.sub(r"\D", "", t.dtype) or 8) // 8) for t in program.signature.tensors)
+
+
 def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations: int | None = None,
                 protocol: Protocol | None = None) -> list[Imported]:
     """Import chat rows (see the module docstring). Rows whose programs run more than `max_iterations`
-    loop iterations are labelled but not verified (`unverified`), and not accepted."""
-    results, todo = [], []
+    loop iterations, or whose tensors need more memory than this machine can give (`MEMORY_SHARE`), are
+    labelled but not verified (`unverified`), and not accepted."""
+    protocol = protocol or Protocol(threads=1)
+    memory = psutil.virtual_memory().total
+    results, todo, large = [], [], []
     for number, row in enumerate(rows):
         result, pending = _label(number, row)
         results.append(result)
         if pending is None:
             continue
         size = max(loop_iterations(pending[1].nests), loop_iterations(pending[2].nests))
+        data = max(_tensor_bytes(pending[1]), _tensor_bytes(pending[2]))
         if max_iterations is not None and size > max_iterations:
             result.status, result.reason = "unverified", f"too large to verify here ({size:.2e} loop iterations)"
-            continue
-        todo.append((result, pending))
-    reports = check_many([(after, before) for _, (_, before, after, _) in todo],
-                         protocol=protocol or Protocol(threads=1), workers=workers)
-    for (result, (model, before, after, action)), report in zip(todo, reports):
+        elif data * MEMORY_SHARE > memory:
+            result.status, result.reason = "unverified", (f"too large to verify here ({data / 2 ** 30:.1f} GiB of "
+                                                          f"tensors, {memory / 2 ** 30:.0f} GiB of memory)")
+        else:
+            (large if size > SINGLE_DRAW_ITERATIONS else todo).append((result, pending, size))
+    reports = check_many([(after, before) for _, (_, before, after, _), _ in todo], protocol=protocol,
+                         workers=workers)
+    for _, (_, before, after, _), size in large:
+        slow = replace(protocol, trials=1, run_timeout=max(protocol.run_timeout, size / SLOWEST_RATE))
+        reports += check_many([(after, before)], protocol=slow)
+    for (result, (model, before, after, action), _), report in zip(todo + large, reports):
         if report.get("equivalent"):
             result.record = _record(result.row, model, before, after, action, report)
         else:
