@@ -169,16 +169,17 @@ def all_loops(nest: Nest) -> Iterator[Loop]:
 
 def children(expr: Expr) -> tuple[Expr, ...]:
     """The direct sub-expressions of a node, in source order."""
-    if isinstance(expr, Access):
-        return expr.indices
-    if isinstance(expr, Neg):
-        return (expr.operand,)
-    if isinstance(expr, (BinOp, And)):
+    kind = type(expr)  # the node classes are final: exact type tests are the fast path of every traversal
+    if kind is BinOp or kind is And:
         return (expr.lhs, expr.rhs)
-    if isinstance(expr, Compare):
-        return expr.operands
-    if isinstance(expr, Call):
+    if kind is Access:
+        return expr.indices
+    if kind is Call:
         return expr.args
+    if kind is Neg:
+        return (expr.operand,)
+    if kind is Compare:
+        return expr.operands
     return ()
 
 
@@ -188,7 +189,9 @@ def walk(expr: Expr) -> Iterator[Expr]:
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(reversed(children(node)))
+        kids = children(node)
+        if kids:
+            stack.extend(reversed(kids))
 
 
 def free_vars(expr: Expr) -> tuple[str, ...]:
@@ -200,11 +203,19 @@ def free_vars(expr: Expr) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def accesses(expr: Expr) -> Iterator[Access]:
-    """Every tensor access inside an expression (index tensors inside subscripts included)."""
-    for node in walk(expr):
-        if isinstance(node, Access):
-            yield node
+def accesses(expr: Expr) -> list[Access]:
+    """Every tensor access inside an expression (index tensors inside subscripts included), in pre-order.
+    The analyses call this more than anything else, so it walks the tree itself instead of through `walk`."""
+    found = []
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if type(node) is Access:
+            found.append(node)
+        kids = children(node)
+        if kids:
+            stack.extend(reversed(kids))
+    return found
 
 
 def map_children(expr: Expr, fn) -> Expr:
