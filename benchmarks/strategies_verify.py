@@ -4,7 +4,7 @@ benchmarks/results/strategies_verify.md (failures listed in strategies_verify.js
 only those strategies' candidates, written to strategies_verify_<out>.md/.json.
 
     python benchmarks/strategies_verify.py [--workers 2] [--filter 'level1/*'] [--strategies a,b --out name]
-                                           [--report]
+                                           [--after strategy] [--report]
 """
 from __future__ import annotations
 
@@ -19,26 +19,29 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def check_workload(uri: str, strategies: tuple[str, ...] = ()) -> list[dict]:
+def check_workload(uri: str, strategies: tuple[str, ...] = (), after: str = "") -> list[dict]:
     """Worker: all candidates of one workload (of `strategies` only, when given); one dict per candidate
-    (never raises)."""
+    (never raises). With `after`, the candidates on each result of each `after` candidate instead (for
+    strategies such as operator_fission that only apply to transformed programs)."""
     from steptp_env import verify
     from steptp_env.strategies import REGISTRY, apply_action, candidates
     from steptp_env.workloads import get_workload
 
     wl = get_workload(uri, preset="tiny")
+    starts = [(a.text + " ; ", apply_action(wl.program, a)) for a in REGISTRY[after].candidates(wl.program)] \
+        if after else [("", wl.program)]
     rows = []
-    actions = [a for name in strategies for a in REGISTRY[name].candidates(wl.program)] if strategies \
-        else candidates(wl.program)
-    for action in actions:
-        row = {"workload": uri, "strategy": action.strategy, "action": action.text}
-        try:
-            after = apply_action(wl.program, action)
-            report = verify(after, wl, trials=2)
-            row.update(ok=report.equivalent, reason=report.reason)
-        except Exception as exc:  # a failure to apply or build is a failed candidate, with its message
-            row.update(ok=False, reason=f"{type(exc).__name__}: {exc}"[:400])
-        rows.append(row)
+    for prefix, program in starts:
+        actions = [a for name in strategies for a in REGISTRY[name].candidates(program)] if strategies \
+            else candidates(program)
+        for action in actions:
+            row = {"workload": uri, "strategy": action.strategy, "action": prefix + action.text}
+            try:
+                report = verify(apply_action(program, action), wl, trials=2)
+                row.update(ok=report.equivalent, reason=report.reason)
+            except Exception as exc:  # a failure to apply or build is a failed candidate, with its message
+                row.update(ok=False, reason=f"{type(exc).__name__}: {exc}"[:400])
+            rows.append(row)
     return rows
 
 
@@ -50,6 +53,8 @@ def main() -> None:
     parser.add_argument("--filter", default=None)
     parser.add_argument("--strategies", default="", help="comma-separated strategy names (default: all)")
     parser.add_argument("--out", default="", help="suffix of the result files: strategies_verify_<out>.md")
+    parser.add_argument("--after", default="", help="check the candidates on the results of this strategy's "
+                        "candidates (e.g. operator_fission after operator_fusion)")
     parser.add_argument("--report", action="store_true", help="only tabulate the workloads done so far")
     args = parser.parse_args()
     start = time.time()
@@ -72,7 +77,7 @@ def main() -> None:
     print(f"{len(uris) - len(todo)} workloads already done, {len(todo)} to go", flush=True)
     with cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool, \
             progress.open("a") as log:
-        for uri, result in zip(todo, pool.map(check_workload, todo, [strategies] * len(todo))):
+        for uri, result in zip(todo, pool.map(check_workload, todo, [strategies] * len(todo), [args.after] * len(todo))):
             counts = collections.defaultdict(collections.Counter)
             for row in result:
                 counts[row["strategy"]]["ok" if row["ok"] else "failed"] += 1
@@ -90,6 +95,7 @@ def main() -> None:
     verified = sum(c["ok"] for c in table.values())
     total = verified + sum(c["failed"] for c in table.values())
     which = f"the strategies {', '.join(strategies)}" if strategies else "every strategy"
+    which += f" on the results of every {args.after} candidate" if args.after else ""
     lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `tiny`)", "",
              f"{len(uris)} workloads{' (done so far)' if args.report else ''}, {total} candidates, "
              f"{verified} verified equivalent, " + (
