@@ -243,11 +243,13 @@ def test_apart_decomposes_in_the_tensor_it_names():
     """A value of several tensors has a partial-fraction form per tensor; the reference answers whichever
     its SymPy call named (Step-TP row 6: `apart(e, O)`), so each is a candidate of its own."""
     program = one(f"({A}*({B}-{D})+{F}*sqrt({E}+1))/sqrt({E}+1)", EXPS)
-    offered = REGISTRY["apart"].candidates(program)
-    assert Action.of("apart", nest=2, eq=0, of="A") in offered and len(offered) >= 2
     by_a = apply_action(program, Action.of("apart", nest=2, eq=0, of="A"))
     assert cosmetic_key(rhs_of(by_a)) == cosmetic_key(rhs_of(one(f"{A}*({B}-{D})/sqrt({E}+1)+{F}", EXPS)))
-    results = {cosmetic_key(rhs_of(apply_action(program, a))) for a in offered}
-    assert len(results) == len(offered)  # no tensor whose result repeats another's
     assert identify(program, by_a) == [Action.of("apart", nest=2, eq=0, of="A")]
     assert verify(by_a, program, trials=1).equivalent
+    # in B, SymPy also distributes A over B-D (A read twice), which loses precision where B is close to D
+    with pytest.raises(IllegalActionError, match="would read A.* more often"):
+        apply_action(program, Action.of("apart", nest=2, eq=0, of="B"))
+    assert REGISTRY["apart"].candidates(program) == [Action.of("apart", nest=2, eq=0, of="A")]
+    two = one(f"{A}/({A}+1)+{B}/({B}+1)")  # partial fractions in A and in B are different results
+    assert [a["of"] for a in REGISTRY["apart"].candidates(two)] == ["A", "B"]
