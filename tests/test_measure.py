@@ -133,3 +133,21 @@ def test_measuring_through_an_rpc_tracker_and_server_on_loopback():
     assert m.ok and m.verify.equivalent and m.target == f"llvm@{remote.url}"
     ratio = m.median_s / local.median_s
     assert 0.5 < ratio < 2.0, (m.median_s, local.median_s)
+
+
+def test_large_arguments_and_results_travel_through_files(monkeypatch, tmp_path):
+    """TVM's PopenWorker frames each message with a 32-bit length, so more than 2 GiB of inputs or
+    outputs would end the child; above PIPE_LIMIT they go through a temporary file instead (the limit is
+    lowered here so that a 64x64 matmul takes that route both ways), and no file is left behind."""
+    from steptp_env.measure import worker
+
+    monkeypatch.setattr(worker, "PIPE_LIMIT", 1024)
+    monkeypatch.setattr(worker.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the child's files go there too
+    seen = []
+    unpack = worker._unpack
+    monkeypatch.setattr(worker, "_unpack", lambda v: (seen.append(type(v).__name__), unpack(v))[1])
+    m = measure(MATMUL, reference, protocol=ONE, worker=worker.MeasureWorker(1))
+    assert m.ok and m.verify.equivalent, m.error
+    assert "_InFile" in seen  # the run's outputs came back through a file
+    assert list(tmp_path.iterdir()) == []

@@ -10,13 +10,62 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import pickle
+import tempfile
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 _KERNELS: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # in the child: recent kernels
 _KEEP = 4
+PIPE_LIMIT = 1 << 30
+"""Arguments or results holding more array bytes than this travel through a temporary file: TVM's
+`PopenWorker` frames each message with a 32-bit length, so one over 2 GiB ends the child (`struct.error`)."""
+
+
+@dataclass(frozen=True)
+class _InFile:
+    """A pickled value left in a temporary file (the receiver loads and deletes it)."""
+
+    path: str
+
+
+def _nbytes(value: Any) -> int:
+    """Array bytes inside nested lists, tuples and dicts."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _pack(value: Any, limit: int) -> Any:
+    """`value`, or an `_InFile` holding it when it has more than `limit` array bytes."""
+    if _nbytes(value) <= limit:
+        return value
+    handle, path = tempfile.mkstemp(prefix="steptp-", suffix=".pickle")
+    with os.fdopen(handle, "wb") as out:
+        pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+    return _InFile(path)
+
+
+def _unpack(value: Any) -> Any:
+    if not isinstance(value, _InFile):
+        return value
+    try:
+        with open(value.path, "rb") as stream:
+            return pickle.load(stream)
+    finally:
+        os.unlink(value.path)
+
+
+def _serve(fn, args, limit: int) -> Any:
+    """Child side: every request runs through here, so large arguments and results take the file route."""
+    return _pack(fn(*_unpack(args)), limit)
 
 
 def _build(key: str, leir: str, signature: list, target: str) -> float:
@@ -85,9 +134,17 @@ class MeasureWorker:
     def call(self, fn, *args, timeout: float) -> Any:
         """Run `fn(*args)` in the child. Raises TimeoutError when it outlives `timeout` (the child is
         killed from here too, in case native code holds it), ChildProcessError when the child dies."""
+        packed = _pack(args, PIPE_LIMIT)
+        try:
+            return self._call(fn, packed, timeout)
+        finally:  # the child deletes a file it read; one it never reached (it died first) goes here
+            if isinstance(packed, _InFile) and os.path.exists(packed.path):
+                os.unlink(packed.path)
+
+    def _call(self, fn, packed: Any, timeout: float) -> Any:
         with self.lock:
             with _thread_env(self.threads):
-                self._worker.send(fn, args, timeout=timeout)  # starts a child if there is none
+                self._worker.send(_serve, (fn, packed, PIPE_LIMIT), timeout=timeout)  # starts a child if there is none
             proc = self._worker._proc
             killed = threading.Event()
 
@@ -98,7 +155,7 @@ class MeasureWorker:
             timer = threading.Timer(timeout + self.GRACE_S, kill)
             timer.start()
             try:
-                return self._worker.recv()
+                return _unpack(self._worker.recv())
             except ChildProcessError:
                 self._worker.kill()
                 if killed.is_set():
