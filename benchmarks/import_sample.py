@@ -7,14 +7,13 @@ Writes a per-strategy table and every rejected row with its reason to benchmarks
 and each row's outcome to import_sample.json. Rows whose answer only respells the prompt's program (the
 reference labels `1e-05` -> `1.0e-5` a cancellation) are counted apart as well as in the total.
 
-    python benchmarks/import_sample.py [--workers 2] [--limit N] [--max-iterations N]
+    python benchmarks/import_sample.py [--workers 2] [--limit N] [--max-iterations N] [--rows 3,17]
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,17 +44,20 @@ def main() -> None:
                         help="do not verify rows whose programs run more loop iterations (they count apart)")
     parser.add_argument("--run-timeout", type=float, default=600.0,
                         help="seconds a verification run may take (rows over 1e10 iterations get more)")
+    parser.add_argument("--rows", default="", help="only these rows (comma-separated numbers in the sample), "
+                        "reported in import_sample_rows.md; the full run's files are left as they are")
     args = parser.parse_args()
-    from steptp_env.data.importer import STATUSES, import_file
+    from steptp_env.data.importer import STATUSES, import_rows
     from steptp_env.measure import Protocol
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        sample = Path(tmp) / SAMPLE.name
-        lines = SAMPLE.read_text().splitlines(keepends=True)
-        sample.write_text("".join(lines[:args.limit]))
-        results = import_file(sample, workers=args.workers, max_iterations=args.max_iterations,
-                              protocol=Protocol(threads=1, run_timeout=args.run_timeout))
+    lines = SAMPLE.read_text().splitlines()[:args.limit]
+    numbers = [int(n) for n in args.rows.split(",") if n] or list(range(len(lines)))
+    results = import_rows([json.loads(lines[n]) for n in numbers], workers=args.workers,
+                          max_iterations=args.max_iterations,
+                          protocol=Protocol(threads=1, run_timeout=args.run_timeout))
+    for number, result in zip(numbers, results):
+        result.row = number
     elapsed = time.perf_counter() - start
     per = collections.defaultdict(collections.Counter)
     for r in results:
@@ -69,7 +71,7 @@ def main() -> None:
     ok = sum(r.status == "ok" for r in checked)
     cosmetic = sum(r.reason.startswith("cosmetic only") for r in implemented)
     share, real_share = len(labelled) / max(1, len(implemented)), len(labelled) / max(1, len(implemented) - cosmetic)
-    lines = [f"# Import of chat_rows_sample.jsonl\n",
+    lines = [f"# Import of chat_rows_sample.jsonl" + (f" (rows {args.rows} only)" if args.rows else "") + "\n",
              f"{len(results)} rows, {len(implemented)} of strategies implemented here. Their programs parse and "
              f"`identify` confirms the label of **{len(labelled)} ({share:.1%})**; {cosmetic} rows are the "
              f"reference's cosmetic-only respellings, which no strategy here offers: without those, "
@@ -92,7 +94,7 @@ def main() -> None:
     lines += [f"- row {r.row} ({r.strategy}): {r.reason}" for r in implemented if r.status == "failed"] or ["- none"]
     lines += ["", "## Rows labelled but too large to verify here", ""]
     lines += [f"- row {r.row} ({r.strategy}): {r.reason}" for r in implemented if r.status == "unverified"] or ["- none"]
-    out = ROOT / "benchmarks" / "results" / "import_sample.md"
+    out = ROOT / "benchmarks" / "results" / ("import_sample_rows.md" if args.rows else "import_sample.md")
     write_keeping_notes(out, "\n".join(lines), NOTES)
     print("\n".join(lines))
     summary = {"rows": len(results), "implemented": len(implemented), "labels_confirmed": len(labelled),
