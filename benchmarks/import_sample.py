@@ -1,7 +1,9 @@
 """Import the Step-TP chat-row sample: how many rows of implemented strategies import and verify?
 
-Runs `steptp_env.data.importer.import_file` on ../shared/steptp-ref/chat_rows_sample.jsonl (every row,
-whatever its size, unless --max-iterations is given), then checks which accepted rows the replay agent can
+Runs `steptp_env.data.importer.import_rows` on ../shared/steptp-ref/chat_rows_sample.jsonl (every row,
+whatever its size, unless --max-iterations is given; rows too large for the machine's memory are labelled
+only), a few rows at a time with each row's outcome appended to import_sample.progress.jsonl so that a
+stopped run resumes, then checks which accepted rows the replay agent can
 replay (their action is a candidate of the program, not an action `identify` inferred beyond the menu).
 Writes a per-strategy table and every rejected row with its reason to benchmarks/results/import_sample.md,
 and each row's outcome to import_sample.json. Rows whose answer only respells the prompt's program (the
@@ -51,58 +53,73 @@ def main() -> None:
     from steptp_env.measure import Protocol
 
     start = time.perf_counter()
+    stem = "import_sample_rows" if args.rows else "import_sample"
+    out = ROOT / "benchmarks" / "results" / f"{stem}.md"
+    # one line per finished row, so a run that is stopped (or killed for memory) resumes where it was;
+    # delete the file to start over after the importer or the strategies change
+    progress = out.with_suffix(".progress.jsonl")
+    done = {e["row"]: e for e in map(json.loads, progress.read_text().splitlines())} if progress.exists() else {}
     lines = SAMPLE.read_text().splitlines()[:args.limit]
     numbers = [int(n) for n in args.rows.split(",") if n] or list(range(len(lines)))
-    results = import_rows([json.loads(lines[n]) for n in numbers], workers=args.workers,
-                          max_iterations=args.max_iterations,
-                          protocol=Protocol(threads=1, run_timeout=args.run_timeout))
-    for number, result in zip(numbers, results):
-        result.row = number
+    todo = [n for n in numbers if n not in done]
+    print(f"{len(numbers) - len(todo)} rows already done, {len(todo)} to go", flush=True)
+    protocol = Protocol(threads=1, run_timeout=args.run_timeout)
+    with progress.open("a") as log:
+        for at in range(0, len(todo), max(1, args.workers)):
+            chunk = todo[at:at + max(1, args.workers)]
+            results = import_rows([json.loads(lines[n]) for n in chunk], workers=args.workers,
+                                  max_iterations=args.max_iterations, protocol=protocol)
+            for number, r in zip(chunk, results):
+                done[number] = {"row": number, "strategy": r.strategy, "status": r.status, "reason": r.reason,
+                                "replayable": r.record is not None and replayable(r.record)}
+                log.write(json.dumps(done[number], sort_keys=True) + "\n")
+                log.flush()
+                print(f"row {number} ({r.strategy}): {r.status} {r.reason[:120]}", flush=True)
     elapsed = time.perf_counter() - start
+    outcomes = [done[n] for n in numbers]
     per = collections.defaultdict(collections.Counter)
-    for r in results:
-        per[r.strategy][r.status] += 1
-        per[r.strategy]["cosmetic"] += r.reason.startswith("cosmetic only")
-        if r.record is not None:
-            per[r.strategy]["replayable"] += replayable(r.record)
-    implemented = [r for r in results if r.status != "unimplemented"]
-    labelled = [r for r in implemented if r.status != "failed" or r.reason.startswith("not equivalent")]
-    checked = [r for r in labelled if r.status != "unverified"]
-    ok = sum(r.status == "ok" for r in checked)
-    cosmetic = sum(r.reason.startswith("cosmetic only") for r in implemented)
+    for o in outcomes:
+        per[o["strategy"]][o["status"]] += 1
+        per[o["strategy"]]["cosmetic"] += o["reason"].startswith("cosmetic only")
+        per[o["strategy"]]["replayable"] += o["replayable"]
+    implemented = [o for o in outcomes if o["status"] != "unimplemented"]
+    labelled = [o for o in implemented if o["status"] != "failed" or o["reason"].startswith("not equivalent")]
+    checked = [o for o in labelled if o["status"] != "unverified"]
+    ok = sum(o["status"] == "ok" for o in checked)
+    cosmetic = sum(o["reason"].startswith("cosmetic only") for o in implemented)
     share, real_share = len(labelled) / max(1, len(implemented)), len(labelled) / max(1, len(implemented) - cosmetic)
-    lines = [f"# Import of chat_rows_sample.jsonl" + (f" (rows {args.rows} only)" if args.rows else "") + "\n",
-             f"{len(results)} rows, {len(implemented)} of strategies implemented here. Their programs parse and "
-             f"`identify` confirms the label of **{len(labelled)} ({share:.1%})**; {cosmetic} rows are the "
-             f"reference's cosmetic-only respellings, which no strategy here offers: without those, "
-             f"**{len(labelled)}/{len(implemented) - cosmetic} = {real_share:.1%}**. Of the confirmed rows, "
-             f"**{ok}/{len(checked)} verify** equivalent to their original program"
-             + (f"; {len(labelled) - len(checked)} were too large to verify here (listed below)"
-                if len(labelled) > len(checked) else "")
-             + f". {len(results) - len(implemented)} rows of unimplemented strategies. {elapsed:.0f} s with "
-             f"{args.workers} worker(s).\n",
-             "Replayable: accepted rows whose action is a candidate of the program, which `agents.replay` can "
-             "replay; the others carry parameters `identify` inferred beyond the candidate menu (env.apply "
-             "replays those).\n",
-             "| strategy | rows | ok | failed | of which cosmetic only | unverified (too large) | unimplemented "
-             "| replayable |", "|---|---|---|---|---|---|---|---|"]
+    text = [f"# Import of chat_rows_sample.jsonl" + (f" (rows {args.rows} only)" if args.rows else "") + "\n",
+            f"{len(outcomes)} rows, {len(implemented)} of strategies implemented here. Their programs parse and "
+            f"`identify` confirms the label of **{len(labelled)} ({share:.1%})**; {cosmetic} rows are the "
+            f"reference's cosmetic-only respellings, which no strategy here offers: without those, "
+            f"**{len(labelled)}/{len(implemented) - cosmetic} = {real_share:.1%}**. Of the confirmed rows, "
+            f"**{ok}/{len(checked)} verify** equivalent to their original program"
+            + (f"; {len(labelled) - len(checked)} were too large to verify here (listed below)"
+               if len(labelled) > len(checked) else "")
+            + f". {len(outcomes) - len(implemented)} rows of unimplemented strategies. The last run took "
+            f"{elapsed:.0f} s with {args.workers} worker(s) for {len(todo)} rows (the others were done by "
+            f"earlier runs, {progress.name}).\n",
+            "Replayable: accepted rows whose action is a candidate of the program, which `agents.replay` can "
+            "replay; the others carry parameters `identify` inferred beyond the candidate menu (env.apply "
+            "replays those).\n",
+            "| strategy | rows | ok | failed | of which cosmetic only | unverified (too large) | unimplemented "
+            "| replayable |", "|---|---|---|---|---|---|---|---|"]
     for name in sorted(per, key=str):
         c = per[name]
-        lines.append(f"| {name} | {sum(c[k] for k in STATUSES)} | {c['ok']} | {c['failed']} | {c['cosmetic']} | "
-                     f"{c['unverified']} | {c['unimplemented']} | {c['replayable']} |")
-    lines += ["", "## Rows of implemented strategies that did not import", ""]
-    lines += [f"- row {r.row} ({r.strategy}): {r.reason}" for r in implemented if r.status == "failed"] or ["- none"]
-    lines += ["", "## Rows labelled but too large to verify here", ""]
-    lines += [f"- row {r.row} ({r.strategy}): {r.reason}" for r in implemented if r.status == "unverified"] or ["- none"]
-    out = ROOT / "benchmarks" / "results" / ("import_sample_rows.md" if args.rows else "import_sample.md")
-    write_keeping_notes(out, "\n".join(lines), NOTES)
-    print("\n".join(lines))
-    summary = {"rows": len(results), "implemented": len(implemented), "labels_confirmed": len(labelled),
+        text.append(f"| {name} | {sum(c[k] for k in STATUSES)} | {c['ok']} | {c['failed']} | {c['cosmetic']} | "
+                    f"{c['unverified']} | {c['unimplemented']} | {c['replayable']} |")
+    text += ["", "## Rows of implemented strategies that did not import", ""]
+    text += [f"- row {o['row']} ({o['strategy']}): {o['reason']}" for o in implemented if o["status"] == "failed"] \
+        or ["- none"]
+    text += ["", "## Rows labelled but too large to verify here", ""]
+    text += [f"- row {o['row']} ({o['strategy']}): {o['reason']}" for o in implemented
+             if o["status"] == "unverified"] or ["- none"]
+    write_keeping_notes(out, "\n".join(text), NOTES)
+    print("\n".join(text))
+    summary = {"rows": len(outcomes), "implemented": len(implemented), "labels_confirmed": len(labelled),
                "share": share, "cosmetic_only": cosmetic, "share_without_cosmetic": real_share,
-               "verified": len(checked), "ok": ok, "elapsed_s": elapsed,
-               "outcomes": [{"row": r.row, "strategy": r.strategy, "status": r.status, "reason": r.reason}
-                            for r in results]}
-    (out.with_suffix(".json")).write_text(json.dumps(summary, indent=1) + "\n")
+               "verified": len(checked), "ok": ok, "elapsed_s": elapsed, "outcomes": outcomes}
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "outcomes"}))
 
 

@@ -76,4 +76,4 @@ def test_large_rows_get_one_draw_and_rows_beyond_memory_are_not_run(sample, monk
     assert result.status == "ok" and result.record["verify"]["trials"] == 1, result.reason
     monkeypatch.setattr(importer, "MEMORY_SHARE", 2 ** 60)
     (result,) = import_rows([sample[130]], workers=1)
-    assert result.status == "unverified" and "GiB of tensors" in result.reason and result.record is None
+    assert result.status == "unverified" and "GiB of memory" in result.reason and result.record is None

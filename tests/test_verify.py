@@ -89,3 +89,20 @@ def test_random_inputs_are_seeded():
     program = Program.parse(MATMUL, MATMUL_SIG)
     a, b, c = random_inputs(program, 1), random_inputs(program, 1), random_inputs(program, 2)
     assert np.array_equal(a["A"], b["A"]) and not np.array_equal(a["A"], c["A"])
+
+
+def test_large_workload_cases_are_not_remembered(monkeypatch):
+    """The seeded draws and reference outputs of a workload are remembered for the next verification, but
+    not when they exceed CASE_BYTES_KEPT (imported programs reach gigabytes)."""
+    import importlib
+
+    from steptp_env.workloads import get_workload
+
+    verify_module = importlib.import_module("steptp_env.measure.verify")  # the package attribute is the function
+
+    wl = get_workload("level1/relu", preset="tiny")
+    verify_module._CASES.clear()
+    assert verify(wl.program, wl, trials=1).equivalent and len(verify_module._CASES) == 1
+    verify_module._CASES.clear()
+    monkeypatch.setattr(verify_module, "CASE_BYTES_KEPT", 0)
+    assert verify(wl.program, wl, trials=1).equivalent and len(verify_module._CASES) == 0

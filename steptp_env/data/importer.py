@@ -128,14 +128,21 @@ SINGLE_DRAW_ITERATIONS = 1e10
 SLOWEST_RATE = 1e8
 """Loop iterations per second a verification run is allowed at the least: a large row's run timeout grows
 with its size beyond the protocol's."""
-MEMORY_SHARE = 4
-"""A row is verified only if its tensors take at most this share (1/MEMORY_SHARE) of the machine's memory:
-verification holds the inputs, their copy in the worker and the outputs of both programs at once."""
+MEMORY_SHARE = 2
+"""A row is verified only if its estimated peak (`_peak_bytes`) takes at most 1/MEMORY_SHARE of the
+machine's memory (row 220 of the sample, estimated at 12 GiB, was killed for memory on a 23 GiB machine)."""
 
 
-def _tensor_bytes(program: Program) -> int:
-    """Bytes of the signature's tensors (`float64` 8 per element, `bool` 1)."""
-    return sum(math.prod(t.shape) * (int(re.sub(r"\D", "", t.dtype) or 8) // 8) for t in program.signature.tensors)
+def _bytes(tensors) -> int:
+    """Bytes of these tensor specs (`float64` 8 per element, `bool` 1)."""
+    return sum(math.prod(t.shape) * (int(re.sub(r"\D", "", t.dtype) or 8) // 8) for t in tensors)
+
+
+def _peak_bytes(before: Program, after: Program) -> int:
+    """Memory verification needs at its peak: one program's tensors, intermediates included (the kernel
+    allocates them), and three copies of the inputs and outputs (the draw, the worker's copy, the
+    results)."""
+    return max(_bytes(p.tensors.values()) for p in (before, after)) + 3 * _bytes(before.signature.tensors)
 
 
 def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations: int | None = None,
@@ -152,12 +159,13 @@ def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations
         if pending is None:
             continue
         size = max(loop_iterations(pending[1].nests), loop_iterations(pending[2].nests))
-        data = max(_tensor_bytes(pending[1]), _tensor_bytes(pending[2]))
+        data = _peak_bytes(pending[1], pending[2])
         if max_iterations is not None and size > max_iterations:
             result.status, result.reason = "unverified", f"too large to verify here ({size:.2e} loop iterations)"
         elif data * MEMORY_SHARE > memory:
-            result.status, result.reason = "unverified", (f"too large to verify here ({data / 2 ** 30:.1f} GiB of "
-                                                          f"tensors, {memory / 2 ** 30:.0f} GiB of memory)")
+            result.status, result.reason = "unverified", (f"too large to verify here (needs about "
+                                                          f"{data / 2 ** 30:.1f} GiB, {memory / 2 ** 30:.0f} GiB "
+                                                          "of memory)")
         else:
             (large if size > SINGLE_DRAW_ITERATIONS else todo).append((result, pending, size))
     reports = check_many([(after, before) for _, (_, before, after, _), _ in todo], protocol=protocol,

@@ -57,6 +57,9 @@ def _reference_runner(program: Program, reference: Reference, target: str):
 
 _CASES: OrderedDict[tuple[int, int], tuple[Any, dict, dict]] = OrderedDict()
 CASES_KEPT = 8
+CASE_BYTES_KEPT = 1 << 28
+"""A case holding more array bytes than this is not remembered: imported programs reach gigabytes, and eight
+of them kept alive would exhaust memory."""
 
 
 def _workload_case(workload, seed: int, run: Callable) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -70,6 +73,8 @@ def _workload_case(workload, seed: int, run: Callable) -> tuple[dict[str, np.nda
         expected = run(inputs)
         for array in (*inputs.values(), *expected.values()):
             array.flags.writeable = False
+        if sum(a.nbytes for a in (*inputs.values(), *expected.values())) > CASE_BYTES_KEPT:
+            return inputs, expected
         hit = _CASES[key] = (workload, inputs, expected)  # holding the workload keeps its id from reuse
         if len(_CASES) > CASES_KEPT:
             _CASES.popitem(last=False)
