@@ -24,23 +24,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
     """Worker: `seeds` chains on one workload; one dict per chain (never raises)."""
     from steptp_env import verify
-    from steptp_env.strategies import apply_action, candidates
+    from steptp_env.strategies import random_chain
     from steptp_env.workloads import get_workload
 
     wl = get_workload(uri, preset="tiny")
     rows = []
     for seed in range(seeds):
-        rng = random.Random(f"{uri}/{seed}")
-        program, path = wl.program, []
+        path: list[str] = []
         row = {"workload": uri, "seed": seed, "path": path}
         try:
-            for _ in range(length):
-                actions = candidates(program)
-                if not actions:
-                    break
-                action = rng.choice(actions)
-                path.append(action.text)
-                program = apply_action(program, action)
+            program = random_chain(wl.program, random.Random(f"{uri}/{seed}"), length, path)
             report = verify(program, wl, trials=2)
             row.update(ok=report.equivalent, reason=report.reason)
             if not report.equivalent:

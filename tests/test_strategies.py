@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from steptp_env import IllegalActionError, verify
-from steptp_env.strategies import REGISTRY, STRATEGY_NAMES, Action, apply_action, candidates
+from steptp_env.strategies import REGISTRY, STRATEGY_NAMES, Action, apply_action, candidates, random_chain
 from steptp_env.workloads import get_workload, list_workloads
 
 FAMILY_23 = STRATEGY_NAMES[:23]
@@ -55,14 +55,8 @@ def test_seeded_chains_of_ten_actions_stay_equivalent():
     failures = []
     for uri in suite_sample(30, seed=3):
         wl = get_workload(uri, preset="tiny")
-        program, path = wl.program, []
-        for _ in range(10):
-            actions = candidates(program)
-            if not actions:
-                break
-            action = rng.choice(actions)
-            path.append(action.text)
-            program = apply_action(program, action)
+        path = []
+        program = random_chain(wl.program, rng, 10, path)
         report = verify(program, wl, trials=1)
         if not report.equivalent:
             failures.append((uri, path, report.reason))

@@ -225,3 +225,17 @@ def apply_action(program: Program, action: Action | str) -> Program:
     strategy = get_strategy(action.strategy)
     strategy.check(action)
     return strategy.apply(program, action)
+
+
+def random_chain(program: Program, rng, length: int, path: list[str]) -> Program:
+    """Up to `length` actions drawn with `rng` (a seeded `random.Random`) among the current candidates,
+    applied in turn (fewer where none is left); each action's text is appended to `path` before it is
+    applied, so a caller still knows the chain when an action fails."""
+    for _ in range(length):
+        actions = candidates(program)
+        if not actions:
+            break
+        action = rng.choice(actions)
+        path.append(action.text)
+        program = apply_action(program, action)
+    return program
