@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ir.analysis import loop_iterations, reduction, reduction_length
 from ..ir.ast import BinOp, Call, Var, accesses, all_loops, equations, walk
-from ..ir.program import Program
+from ..ir.program import Program, tensor_bytes
 
 FEATURE_VERSION = 1
 PER_STORE = 164
@@ -83,8 +83,8 @@ def leir_features(program: Program) -> np.ndarray:
                 last = loops[-1]
                 unit = eq.lhs.indices and eq.lhs.indices[-1] == Var(last.var)
                 innermost_ok += bool(unit and last.extent % 4 == 0)
-    bytes_touched = sum(_bytes(tensors[n]) for n in touched if n in tensors)
-    inter = sum(_bytes(t) for t in tensors.values() if t.role == "intermediate")
+    bytes_touched = sum(tensor_bytes(tensors[n]) for n in touched if n in tensors)
+    inter = sum(tensor_bytes(t) for t in tensors.values() if t.role == "intermediate")
     total = sum(nest_iters)
     values = [len(program.nests), sum(1 for n in program.nests for _ in equations(n)), math.log1p(total),
               math.log1p(max(nest_iters, default=0)), reductions, math.log1p(reduction_length(program.nests)),
@@ -97,8 +97,3 @@ def leir_features(program: Program) -> np.ndarray:
 def features(program: Program, target: str = "llvm") -> np.ndarray:
     """The cost model's input vector (length `SIZE`)."""
     return np.concatenate([tir_features(program, target), leir_features(program)])
-
-
-def _bytes(info) -> int:
-    width = 1 if info.dtype == "bool" else int("".join(c for c in info.dtype if c.isdigit()) or 8) // 8
-    return math.prod(info.shape) * width

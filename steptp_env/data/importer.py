@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from ..errors import StepTPError
 from ..frontend.workload import Workload
 from ..ir.analysis import loop_iterations
 from ..ir.ast import all_loops, equations
-from ..ir.program import Program
+from ..ir.program import Program, tensor_bytes
 from ..measure import Protocol, random_inputs
 from ..strategies import REGISTRY, Action, get_strategy, identify
 from ..strategies.algebraic import cosmetic_key
@@ -133,16 +132,12 @@ MEMORY_SHARE = 2
 machine's memory (row 220 of the sample, estimated at 12 GiB, was killed for memory on a 23 GiB machine)."""
 
 
-def _bytes(tensors) -> int:
-    """Bytes of these tensor specs (`float64` 8 per element, `bool` 1)."""
-    return sum(math.prod(t.shape) * (int(re.sub(r"\D", "", t.dtype) or 8) // 8) for t in tensors)
-
-
 def _peak_bytes(before: Program, after: Program) -> int:
     """Memory verification needs at its peak: one program's tensors, intermediates included (the kernel
     allocates them), and three copies of the inputs and outputs (the draw, the worker's copy, the
     results)."""
-    return max(_bytes(p.tensors.values()) for p in (before, after)) + 3 * _bytes(before.signature.tensors)
+    return (max(sum(map(tensor_bytes, p.tensors.values())) for p in (before, after))
+            + 3 * sum(map(tensor_bytes, before.signature.tensors)))
 
 
 def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations: int | None = None,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -149,6 +150,13 @@ class Program:
 
     def __str__(self) -> str:
         return self.leir
+
+
+def tensor_bytes(tensor: TensorSpec | TensorInfo) -> int:
+    """Bytes a tensor (a signature spec or an analysed tensor) takes: elements times its dtype's width
+    (`bool` 1 byte)."""
+    width = 1 if tensor.dtype == "bool" else int("".join(c for c in tensor.dtype if c.isdigit()) or 8) // 8
+    return math.prod(tensor.shape) * width
 
 
 @dataclass(frozen=True, slots=True)
