@@ -723,11 +723,15 @@ class Apart(AlgebraicRewrite):
 
     def nest_candidates(self, program: Program, index: int, target: str) -> list[Action]:
         found, seen = [], set()
-        for action in super().nest_candidates(program, index, target):
-            key = (action["eq"], cosmetic_key(_rewrite(self, program, action).after.rhs))
-            if key not in seen:
-                seen.add(key)
-                found.append(action)
+        for j, (_, eq) in enumerate(equations(program.nests[index])):
+            for action in self.site_actions(index, j, eq):
+                try:
+                    key = (j, cosmetic_key(_rewrite(self, program, action).after.rhs))
+                except IllegalActionError:
+                    continue
+                if key not in seen:
+                    seen.add(key)
+                    found.append(action)
         return found
 
     def rewritten(self, value: sp.Expr, bridge: Bridge, action: Action) -> sp.Expr:
