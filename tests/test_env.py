@@ -282,3 +282,30 @@ def test_measure_mode_replay_hits_the_store(tmp_path):
     _, again, sources2, second = run(taken)
     assert again == rewards and second.oracle.counts["measured"] == 0
     assert set(sources2) <= {"stored", None} and second.oracle.counts["stored"] >= 2
+
+
+def test_candidate_lists_persist_in_the_store(tmp_path, monkeypatch):
+    """Lists written with a program come back equal (tuple parameters included) in a process whose
+    memory cache is cold, are read rather than recomputed, and are keyed by the code's digest."""
+    from steptp_env.env import catalog
+    from steptp_env.measure import ResultStore
+    from steptp_env.workloads import get_workload
+
+    store = ResultStore(tmp_path / "store.sqlite")
+    program = get_workload("level1/layer_norm", preset="tiny").program
+    computed = catalog.candidate_groups(program, "llvm", store)
+    assert any(isinstance(v, tuple) for found in computed.values() for a in found for _, v in a.params)
+    monkeypatch.setattr(catalog, "_GROUPS", type(catalog._GROUPS)())
+    assert catalog.candidate_groups(program, "llvm", store) == computed
+    (count,) = store._conn.execute("SELECT COUNT(*) FROM candidates").fetchone()
+    assert count == 1
+
+    monkeypatch.setattr(catalog, "_GROUPS", type(catalog._GROUPS)())
+    store.put_candidates(catalog._stored_key(program, "llvm"), json.dumps({"loop_split": []}))
+    assert catalog.candidate_groups(program, "llvm", store) == {"loop_split": []}
+
+    monkeypatch.setattr(catalog, "_GROUPS", type(catalog._GROUPS)())
+    monkeypatch.setattr(catalog, "code_digest", lambda: "another version")
+    assert catalog.candidate_groups(program, "llvm", store) == computed
+    (count,) = store._conn.execute("SELECT COUNT(*) FROM candidates").fetchone()
+    assert count == 2

@@ -9,12 +9,15 @@ means the same strategy, and within it "the r-th site/parameter choice". Candida
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import OrderedDict
 
 import numpy as np
 
-from ..strategies import REGISTRY, STRATEGY_NAMES, Action
 from ..ir.program import Program
+from ..measure import ResultStore
+from ..strategies import REGISTRY, STRATEGY_NAMES, Action, code_digest
 
 SLOTS = 32
 STOP = 0
@@ -22,20 +25,41 @@ GROUPS_CACHE_SIZE = 1024
 _GROUPS: OrderedDict[tuple, dict[str, list[Action]]] = OrderedDict()
 
 
-def candidate_groups(program: Program, target: str) -> dict[str, list[Action]]:
+def candidate_groups(program: Program, target: str, store: ResultStore | None = None) -> dict[str, list[Action]]:
     """Candidates of every implemented strategy, by name, remembered per process by program (LEIR and
     signature) and target: episodes revisit their start program, tree searches and forks revisit states,
-    and a replay meets the programs its recording enumerated. Callers must not mutate the lists."""
+    and a replay meets the programs its recording enumerated. With a `store`, lists are also read from and
+    written to it (under a key that includes `code_digest`), so a fresh process replaying stored programs
+    does not enumerate them again. Callers must not mutate the lists."""
     key = (program.leir, program.signature, target)
     found = _GROUPS.get(key)
-    if found is None:
-        found = {name: REGISTRY[name].candidates(program, target) for name in STRATEGY_NAMES if name in REGISTRY}
-        _GROUPS[key] = found
-        if len(_GROUPS) > GROUPS_CACHE_SIZE:
-            _GROUPS.popitem(last=False)
-    else:
+    if found is not None:
         _GROUPS.move_to_end(key)
+        return found
+    stored_key = _stored_key(program, target) if store is not None else None
+    text = store.get_candidates(stored_key) if store is not None else None
+    if text is not None:
+        found = {name: [Action(name, tuple((k, _tuples(v) if type(v) is list else v) for k, v in params))
+                        for params in actions] for name, actions in json.loads(text).items()}
+    else:
+        found = {name: REGISTRY[name].candidates(program, target) for name in STRATEGY_NAMES if name in REGISTRY}
+        if store is not None:
+            store.put_candidates(stored_key, json.dumps({name: [a.params for a in found[name]] for name in found}))
+    _GROUPS[key] = found
+    if len(_GROUPS) > GROUPS_CACHE_SIZE:
+        _GROUPS.popitem(last=False)
     return found
+
+
+def _stored_key(program: Program, target: str) -> str:
+    signature = json.dumps(program.signature.to_json(), sort_keys=True)
+    text = "\0".join((program.leir, signature, target, code_digest()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _tuples(value: list) -> tuple:
+    """A JSON list back to the tuple an action parameter was."""
+    return tuple(_tuples(v) if type(v) is list else v for v in value)
 
 
 class ActionCatalog:
@@ -45,9 +69,9 @@ class ActionCatalog:
         self.slots = slots
         self.size = 1 + len(STRATEGY_NAMES) * slots
 
-    def groups(self, program: Program, target: str) -> dict[str, list[Action]]:
-        """Candidates of every implemented strategy, by name, in enumeration order."""
-        return candidate_groups(program, target)
+    def groups(self, program: Program, target: str, store: ResultStore | None = None) -> dict[str, list[Action]]:
+        """Candidates of every implemented strategy, by name, in enumeration order (see `candidate_groups`)."""
+        return candidate_groups(program, target, store)
 
     def describe(self, index: int) -> str:
         """What an index means, in words (`stop`, `loop_split#3`)."""

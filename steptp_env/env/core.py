@@ -103,6 +103,8 @@ class StepTPEnv(gym.Env):
         self.workload: Workload | None = None
         self.program: Program | None = None
         self._state: EnvState | None = None
+        self._estimate: Estimate | None = None
+        self._groups: dict[str, list[Action]] | None = None
 
     # -- workloads -------------------------------------------------------------------------------------
     @staticmethod
@@ -250,9 +252,11 @@ class StepTPEnv(gym.Env):
 
     @property
     def groups(self) -> dict[str, list[Action]]:
-        """Candidates of the current program by strategy (computed once per state)."""
+        """Candidates of the current program by strategy (computed once per state). A measured program's
+        lists go to the store with its runtime, so a replay in a fresh process finds both there."""
         if self._groups is None:
-            self._groups = self.catalog.groups(self.program, self.target)
+            store = self.oracle.store if self._estimate and self._estimate.measured else None
+            self._groups = self.catalog.groups(self.program, self.target, store)
         return self._groups
 
     def action_masks(self) -> np.ndarray:

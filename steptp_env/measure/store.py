@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS records (
     median_s REAL, error TEXT, measurement TEXT NOT NULL, features TEXT, created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload);
 CREATE INDEX IF NOT EXISTS records_by_program ON records (workload, leir);
+CREATE TABLE IF NOT EXISTS candidates (key TEXT PRIMARY KEY, groups TEXT NOT NULL, created REAL NOT NULL);
 """
 
 
@@ -89,6 +90,12 @@ class ResultStore:
         with self._transaction():
             self._conn.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
+    def put_candidates(self, key: str, groups: str) -> None:
+        """Remember a program's candidate actions (a JSON text; the caller owns the key and the format), so
+        a process that meets a stored program again need not enumerate them."""
+        with self._transaction():
+            self._conn.execute("INSERT OR REPLACE INTO candidates VALUES (?, ?, ?)", (key, groups, time.time()))
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
         """One write transaction, taken immediately so concurrent writers queue instead of deadlocking."""
@@ -106,6 +113,11 @@ class ResultStore:
         row = self._conn.execute("SELECT key, workload, measurement, features FROM records WHERE key = ?",
                                  (key,)).fetchone()
         return None if row is None else self._record(row)
+
+    def get_candidates(self, key: str) -> str | None:
+        """The candidate list stored under `key` by `put_candidates`, or None."""
+        row = self._conn.execute("SELECT groups FROM candidates WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
 
     def find(self, workload: str, leir: str, target: str, protocol_key: str) -> dict[str, Any] | None:
         """The record of this exact program text of `workload` under `target` and `protocol_key`, found

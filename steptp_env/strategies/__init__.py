@@ -1,10 +1,11 @@
 """The atomic strategies: `Action`, the registry, `candidates`, `apply_action`, `identify`."""
 from . import loops, memory, graph, algebraic, online  # noqa: F401  (register the strategies)
-from .base import REGISTRY, STRATEGY_NAMES, Action, Strategy, apply_action, candidates, get_strategy, random_chain
+from .base import (REGISTRY, STRATEGY_NAMES, Action, Strategy, apply_action, candidates, code_digest, get_strategy,
+                   random_chain)
 from .identify import canonical_text, identify
 
 STRATEGIES = REGISTRY
 """Implemented strategies by name."""
 
-__all__ = ["Action", "Strategy", "STRATEGIES", "STRATEGY_NAMES", "REGISTRY", "candidates", "apply_action",
+__all__ = ["Action", "Strategy", "STRATEGIES", "STRATEGY_NAMES", "REGISTRY", "candidates", "code_digest", "apply_action",
            "identify", "canonical_text", "get_strategy", "random_chain"]

