@@ -56,7 +56,7 @@ class Kernel:
                 continue
             if spec.name not in inputs:
                 raise StepTPError(f"missing input {spec.name!r}")
-            array = np.array(inputs[spec.name], dtype=spec.dtype, order="C")  # a copy, 0-d stays 0-d
+            array = np.asarray(inputs[spec.name], dtype=spec.dtype, order="C")  # no copy when it fits; 0-d stays 0-d
             if array.shape != spec.shape:
                 raise StepTPError(f"input {spec.name!r} has shape {array.shape}, the signature says {spec.shape}")
             args.append(tvm.runtime.tensor(array, self.device))

@@ -687,16 +687,25 @@ class TensorSplitToDecoupleOperators(Strategy):
 
     name = "tensor_split_to_decouple_operators"
     params = ("nest", "loop", "at", "tensors")
+    nest_local = True
 
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
+    def nest_context(self, program: Program, index: int) -> tuple:
+        """The shapes of the tensors the nest accesses (copies must stay inside them) and which of the
+        tensors it writes an earlier nest wrote (a reduction split must start from its identity)."""
+        nest = program.nests[index]
+        names = dict.fromkeys((*writes(nest), *reads(nest)))
+        earlier = {name for before in program.nests[:index] for name in writes(before)}
+        return (tuple((name, program.tensors[name].shape) for name in names if name in program.tensors),
+                tuple(name for name in writes(nest) if name in earlier))
+
+    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
         found = []
-        for i, nest in enumerate(program.nests):
-            for loop in nest.loops:
-                plan = _legal(_split_plan)(program, i, loop.var)
-                if plan is None:
-                    continue
-                points = sorted({loop.extent // 2, loop.extent // 4} - {0})
-                found += [self.action(nest=i, loop=loop.var, at=p, tensors=plan.copyable) for p in points]
+        for loop in program.nests[i].loops:
+            plan = _legal(_split_plan)(program, i, loop.var)
+            if plan is None:
+                continue
+            points = sorted({loop.extent // 2, loop.extent // 4} - {0})
+            found += [self.action(nest=i, loop=loop.var, at=p, tensors=plan.copyable) for p in points]
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
