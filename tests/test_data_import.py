@@ -67,13 +67,13 @@ def test_import_command_names_respellings_and_rows_export(sample, tmp_path):
 
 def test_large_rows_get_one_draw_and_rows_beyond_memory_are_not_run(sample, monkeypatch):
     """Rows over SINGLE_DRAW_ITERATIONS are verified on one input draw; rows whose tensors would not fit
-    (MEMORY_SHARE of the machine's memory) are labelled, not run, and say why. The thresholds are lowered
+    (MEMORY_FRACTION of the machine's memory) are labelled, not run, and say why. The thresholds are lowered
     here so that a small row takes each path."""
     from steptp_env.data import importer
 
     monkeypatch.setattr(importer, "SINGLE_DRAW_ITERATIONS", 0)
     (result,) = import_rows([sample[130]], workers=1)
     assert result.status == "ok" and result.record["verify"]["trials"] == 1, result.reason
-    monkeypatch.setattr(importer, "MEMORY_SHARE", 2 ** 60)
+    monkeypatch.setattr(importer, "MEMORY_FRACTION", 2 ** -60)
     (result,) = import_rows([sample[130]], workers=1)
     assert result.status == "unverified" and "GiB of memory" in result.reason and result.record is None

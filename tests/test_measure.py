@@ -57,6 +57,23 @@ def test_native_crash_is_a_failed_measurement_and_the_next_one_works():
     assert measure(MATMUL, reference, protocol=ONE).ok
 
 
+def test_reference_programs_run_in_the_worker_too():
+    """Against another program (an imported row's original), the reference is built and run in the worker:
+    one that crashes natively is a failed measurement, not the end of this process; an equivalent one
+    verifies."""
+    sig = [{"name": "A", "shape": [8], "dtype": "float32"}, {"name": "C", "shape": [8], "dtype": "float32",
+                                                              "role": "output"}]
+    copy = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a};];", sig)
+    wild = Program.parse("L^{8}_{a=0}[I^{i64,g}_{a}=a*4000000000000;];"
+                         "L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{I^{i64,g}_{a}};];", sig)
+    m = measure(copy, wild, protocol=ONE, timing=False)
+    assert not m.ok and "crashed" in m.error
+    doubled = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}*2;];", sig)
+    twice = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}+A^{f32,g}_{a};];", sig)
+    assert measure(doubled, twice, protocol=ONE, timing=False).ok
+    assert not measure(copy, twice, protocol=ONE, timing=False).ok
+
+
 def test_worker_killed_mid_run_is_a_failed_measurement_and_the_next_one_works():
     sig = [{"name": "A", "shape": [2048, 2048], "dtype": "float32"},
            {"name": "C", "shape": [2048], "dtype": "float32", "role": "output"}]

@@ -127,15 +127,17 @@ SINGLE_DRAW_ITERATIONS = 1e10
 SLOWEST_RATE = 1e8
 """Loop iterations per second a verification run is allowed at the least: a large row's run timeout grows
 with its size beyond the protocol's."""
-MEMORY_SHARE = 2
-"""A row is verified only if its estimated peak (`_peak_bytes`) takes at most 1/MEMORY_SHARE of the
-machine's memory (row 220 of the sample, estimated at 12 GiB, was killed for memory on a 23 GiB machine)."""
+MEMORY_FRACTION = 0.75
+"""A row is verified only if its estimated peak (`_peak_bytes`) takes at most this fraction
+of the machine's memory."""
 
 
 def _peak_bytes(before: Program, after: Program) -> int:
-    """Memory verification needs at its peak: one program's tensors, intermediates included (the kernel
-    allocates them), and three copies of the inputs and outputs (the draw, the worker's copy, the
-    results)."""
+    """The memory verification needs at once, counted generously: in the worker, one program's tensors
+    (intermediates included: the kernel allocates them), the inputs it was sent and the outputs it sends
+    back; here, one input draw, the program's outputs and the reference's. Draws are checked one at a
+    time and the worker is restarted after a large row (`verification.RELEASE_BYTES`), so nothing else
+    stays alive."""
     return (max(sum(map(tensor_bytes, p.tensors.values())) for p in (before, after))
             + 3 * sum(map(tensor_bytes, before.signature.tensors)))
 
@@ -143,7 +145,7 @@ def _peak_bytes(before: Program, after: Program) -> int:
 def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations: int | None = None,
                 protocol: Protocol | None = None) -> list[Imported]:
     """Import chat rows (see the module docstring). Rows whose programs run more than `max_iterations`
-    loop iterations, or whose tensors need more memory than this machine can give (`MEMORY_SHARE`), are
+    loop iterations, or whose tensors need more memory than this machine can give (`MEMORY_FRACTION`), are
     labelled but not verified (`unverified`), and not accepted."""
     protocol = protocol or Protocol(threads=1)
     memory = psutil.virtual_memory().total
@@ -157,7 +159,7 @@ def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations
         data = _peak_bytes(pending[1], pending[2])
         if max_iterations is not None and size > max_iterations:
             result.status, result.reason = "unverified", f"too large to verify here ({size:.2e} loop iterations)"
-        elif data * MEMORY_SHARE > memory:
+        elif data > memory * MEMORY_FRACTION:
             result.status, result.reason = "unverified", (f"too large to verify here (needs about "
                                                           f"{data / 2 ** 30:.1f} GiB, {memory / 2 ** 30:.0f} GiB "
                                                           "of memory)")

@@ -11,10 +11,15 @@ import gc
 import queue
 from typing import Any, Sequence
 
-from ..ir.program import Program
+from ..ir.program import Program, tensor_bytes
 from ..measure import Protocol, measure
 from ..measure.runner import worker_for
 from ..measure.verify import Reference
+
+
+RELEASE_BYTES = 1 << 30
+"""After checking a program whose tensors take more than this, its worker is restarted: TVM keeps freed
+intermediates in a per-process workspace pool, so one large row would hold its memory through the run."""
 
 
 def check(program: Program, reference: Reference, target: str = "llvm", protocol: Protocol | None = None,
@@ -22,8 +27,12 @@ def check(program: Program, reference: Reference, target: str = "llvm", protocol
     """The verify report of `program` against `reference` as a dict (`equivalent`, errors, `reason`); a
     failed build or run is a report with `equivalent: false` and the failure as its `reason`."""
     protocol = protocol or Protocol()
-    m = measure(program, reference, target, protocol, worker=worker_for(protocol.threads, slot), timing=False)
-    gc.collect()  # a Program reference is built here; free its module and arrays before the next check
+    worker = worker_for(protocol.threads, slot)
+    m = measure(program, reference, target, protocol, worker=worker, timing=False)
+    gc.collect()  # free this check's arrays before the next one
+    programs = [program] + ([reference] if isinstance(reference, Program) else [])
+    if max(sum(map(tensor_bytes, p.tensors.values())) for p in programs) > RELEASE_BYTES:
+        worker.close()  # TVM's workspace pool keeps a kernel's intermediates; a new worker starts empty
     if m.verify is None:
         return {"equivalent": False, "reason": m.error or "not verified", "trials": 0}
     return m.verify.to_dict()

@@ -9,6 +9,7 @@ import tvm
 
 from ..errors import BuildError, StepTPError
 from ..ir.ast import accesses, equations
+from ..ir.dtypes import is_float
 from ..ir.program import Program
 from ..lower import lower, target_kind
 
@@ -62,14 +63,28 @@ class Kernel:
             args.append(tvm.runtime.tensor(array, self.device))
         return args
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Run once on copies of `inputs`; return (outputs, inputs as the kernel left them)."""
+    def _execute(self, inputs: Mapping[str, np.ndarray]) -> list:
         args = self._arguments(inputs)
         self.main(*args)
+        return args
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Run once on copies of `inputs`; return (outputs, inputs as the kernel left them)."""
         outs, ins = {}, {}
-        for spec, arg in zip(self.program.signature.tensors, args):
+        for spec, arg in zip(self.program.signature.tensors, self._execute(inputs)):
             (outs if spec.role == "output" else ins)[spec.name] = arg.numpy()
         return outs, ins
+
+    def run_checked(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
+        """Run once; (outputs, names of the inputs the kernel changed). Checked here, one input at a time,
+        so the inputs as left neither travel back from a worker nor sit in memory together."""
+        outs, changed = {}, []
+        for spec, arg in zip(self.program.signature.tensors, self._execute(inputs)):
+            if spec.role == "output":
+                outs[spec.name] = arg.numpy()
+            elif not same_array(np.asarray(inputs[spec.name]), arg.numpy()):
+                changed.append(spec.name)
+        return outs, changed
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(inputs)[0]
@@ -92,6 +107,11 @@ class Kernel:
         if self.kind == "cuda":
             return mod.imports[0].inspect_source()
         return mod.inspect_source("ll")
+
+
+def same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same shape and elements, NaN equal to NaN for floats."""
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=is_float(str(a.dtype))))
 
 
 def _pass_config(program: Program) -> dict:

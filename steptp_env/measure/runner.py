@@ -146,10 +146,18 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         else:
             m.build_s = worker.call(_build_remote, key, program.leir, signature, target, (remote.host, remote.port),
                                     remote.key, remote.session_timeout, timeout=protocol.build_timeout)
+        run_reference = None
+        if isinstance(workload, Program) and remote is None:  # a reference program runs in the worker too
+            phase = "build of the reference program"
+            worker.call(_build, key + "/reference", workload.leir, workload.signature.to_json(), target,
+                        timeout=protocol.build_timeout)
+            run_reference = lambda inputs: worker.call(_run, key + "/reference", [inputs],  # noqa: E731
+                                                       timeout=protocol.run_timeout)[0][0]
         phase = "verification run"
         start = time.perf_counter()
         m.verify = verify(program, workload, trials=protocol.trials, seed=protocol.seed, target=target,
-                          runner=lambda sets: worker.call(_run, key, sets, timeout=protocol.run_timeout))
+                          runner=lambda sets: worker.call(_run, key, sets, timeout=protocol.run_timeout),
+                          run_reference=run_reference)
         m.verify_s = time.perf_counter() - start
         if not m.verify.equivalent:
             m.error = f"not equivalent: {m.verify.reason}"
@@ -167,7 +175,8 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         m.number = int(number)
         m.timings = [t for t in timings]
     except TimeoutError:
-        m.error = f"{phase} timed out (limit {protocol.build_timeout if phase == 'build' else protocol.run_timeout:.0f} s)"
+        limit = protocol.build_timeout if phase.startswith("build") else protocol.run_timeout
+        m.error = f"{phase} timed out (limit {limit:.0f} s)"
     except ChildProcessError:
         m.error = f"{phase} crashed: the worker process died (segfault, abort or out of memory)"
     except StepTPError as exc:

@@ -41,10 +41,11 @@ class VerifyReport:
                 "reason": self.reason, "trials": self.trials, "rtol": dict(self.rtol)}
 
 
-def _reference_runner(program: Program, reference: Reference, target: str):
-    """(make_inputs(seed), run(inputs) -> outputs by name, reduction length of the reference)."""
+def _reference_runner(program: Program, reference: Reference, target: str, build_program: bool = True):
+    """(make_inputs(seed), run(inputs) -> outputs by name, reduction length of the reference). A reference
+    program is built here unless `build_program` is false (the caller runs it elsewhere; run is None)."""
     if isinstance(reference, Program):
-        kernel = build(reference, target)
+        kernel = build(reference, target) if build_program else None
         return (lambda seed: random_inputs(program, seed)), kernel, reduction_length(reference.nests)
     if hasattr(reference, "reference") and hasattr(reference, "make_inputs"):  # a Workload
         run = _named(program, reference.reference)
@@ -106,31 +107,35 @@ def _named(program: Program, fn: Callable) -> Callable[[dict[str, np.ndarray]], 
     return run
 
 
-Runner = Callable[[list[dict[str, np.ndarray]]], list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
+Runner = Callable[[list[dict[str, np.ndarray]]], list[tuple[dict[str, np.ndarray], list[str]]]]
+"""Runs the program on input sets elsewhere: (outputs, names of the inputs the kernel changed) per set."""
 
 
 def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 0, target: str = "llvm",
-           kernel: Kernel | None = None, runner: Runner | None = None) -> VerifyReport:
+           kernel: Kernel | None = None, runner: Runner | None = None,
+           run_reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> VerifyReport:
     """Run `program` and `reference` on `trials` fresh seeded input draws and compare every output.
 
     Each run gets its own copies of the inputs, so a kernel that writes an input cannot affect the other
-    side, and is caught: its inputs are compared with the originals after the run. `runner` runs the
-    program on a list of input sets elsewhere (a worker process); by default it is built and run here.
+    side, and is caught. `runner` runs the program elsewhere (a worker process), and `run_reference`
+    a reference program (inputs -> outputs by name); by default they are built and run here. The draws
+    are taken one at a time, so only one draw's arrays are alive at once (imported programs reach GiB).
     """
-    make_inputs, run_reference, ref_length = _reference_runner(program, reference, target)
+    make_inputs, default_reference, ref_length = _reference_runner(program, reference, target,
+                                                                   build_program=run_reference is None)
+    run_reference = run_reference or default_reference
     if runner is None:
         kernel = kernel or build(program, target)
-        runner = lambda sets: [kernel.run(s) for s in sets]  # noqa: E731
+        runner = lambda sets: [kernel.run_checked(s) for s in sets]  # noqa: E731
     length = max(reduction_length(program.nests), ref_length)
     rtols = {s.name: relative_tolerance(s.dtype, length) for s in program.signature.outputs}
-    input_sets = [make_inputs(seed * 1000 + trial) for trial in range(trials)]
-    results = runner(input_sets)
     worst_abs = worst_rel = 0.0
-    for trial, (inputs, (outputs, left)) in enumerate(zip(input_sets, results)):
-        for name, before in inputs.items():
-            if name in left and not _same(before, left[name]):
-                return VerifyReport(False, reason=f"the kernel modified its input {name}", trials=trial + 1,
-                                    rtol=rtols)
+    for trial in range(trials):
+        inputs = make_inputs(seed * 1000 + trial)
+        [(outputs, changed)] = runner([inputs])
+        if changed:
+            return VerifyReport(False, reason=f"the kernel modified its input {changed[0]}", trials=trial + 1,
+                                rtol=rtols)
         expected = run_reference(inputs)
         for spec in program.signature.outputs:
             verdict = compare(outputs[spec.name], expected[spec.name], rtols[spec.name])
@@ -139,11 +144,8 @@ def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 
                 mismatch = (spec.name, verdict.first_mismatch[1]) if verdict.first_mismatch else None
                 return VerifyReport(False, worst_abs, worst_rel, mismatch,
                                     f"output {spec.name}, trial {trial}: {verdict.reason}", trial + 1, rtols)
+        del inputs, outputs, expected
     return VerifyReport(True, worst_abs, worst_rel, None, "", trials, rtols)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=is_float(str(a.dtype))))
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyReport:

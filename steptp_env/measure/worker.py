@@ -82,10 +82,10 @@ def _build(key: str, leir: str, signature: list, target: str) -> float:
     return time.perf_counter() - start
 
 
-def _run(key: str, inputs: list[dict[str, np.ndarray]]) -> list[tuple[dict, dict]]:
-    """Child side: run the built kernel once per input set; (outputs, inputs as left) per set."""
+def _run(key: str, inputs: list[dict[str, np.ndarray]]) -> list[tuple[dict, list[str]]]:
+    """Child side: run the built kernel once per input set; (outputs, names of changed inputs) per set."""
     kernel = _KERNELS[key]
-    return [kernel.run(arrays) for arrays in inputs]
+    return [kernel.run_checked(arrays) for arrays in inputs]
 
 
 def _time(key: str, inputs: dict[str, np.ndarray], number: int, repeat: int, min_seconds: float) -> list[float]:
