@@ -106,3 +106,15 @@ def test_large_workload_cases_are_not_remembered(monkeypatch):
     verify_module._CASES.clear()
     monkeypatch.setattr(verify_module, "CASE_BYTES_KEPT", 0)
     assert verify(wl.program, wl, trials=1).equivalent and len(verify_module._CASES) == 0
+
+
+def test_unoptimised_builds_verify_the_same_programs():
+    """`opt_level=0` (bulk checks) builds with LLVM unoptimised and reaches the same verdicts."""
+    from steptp_env.measure.build import resolve_target
+
+    assert int(resolve_target("llvm", 0).attrs["opt-level"]) == 0
+    assert "opt-level" not in resolve_target("llvm").attrs
+    program = Program.parse(MATMUL, MATMUL_SIG)
+    assert verify(program, matmul_reference, opt_level=0).equivalent
+    wrong = Program.parse(MATMUL.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{d,0}"), MATMUL_SIG)
+    assert not verify(wrong, matmul_reference, opt_level=0).equivalent

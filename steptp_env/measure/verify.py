@@ -41,11 +41,12 @@ class VerifyReport:
                 "reason": self.reason, "trials": self.trials, "rtol": dict(self.rtol)}
 
 
-def _reference_runner(program: Program, reference: Reference, target: str, build_program: bool = True):
+def _reference_runner(program: Program, reference: Reference, target: str, build_program: bool = True,
+                      opt_level: int | None = None):
     """(make_inputs(seed), run(inputs) -> outputs by name, reduction length of the reference). A reference
     program is built here unless `build_program` is false (the caller runs it elsewhere; run is None)."""
     if isinstance(reference, Program):
-        kernel = build(reference, target) if build_program else None
+        kernel = build(reference, target, opt_level) if build_program else None
         return (lambda seed: random_inputs(program, seed)), kernel, reduction_length(reference.nests)
     if hasattr(reference, "reference") and hasattr(reference, "make_inputs"):  # a Workload
         run = _named(program, reference.reference)
@@ -113,19 +114,21 @@ Runner = Callable[[list[dict[str, np.ndarray]]], list[tuple[dict[str, np.ndarray
 
 def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 0, target: str = "llvm",
            kernel: Kernel | None = None, runner: Runner | None = None,
-           run_reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> VerifyReport:
+           run_reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+           opt_level: int | None = None) -> VerifyReport:
     """Run `program` and `reference` on `trials` fresh seeded input draws and compare every output.
 
     Each run gets its own copies of the inputs, so a kernel that writes an input cannot affect the other
     side, and is caught. `runner` runs the program elsewhere (a worker process), and `run_reference`
-    a reference program (inputs -> outputs by name); by default they are built and run here. The draws
-    are taken one at a time, so only one draw's arrays are alive at once (imported programs reach GiB).
+    a reference program (inputs -> outputs by name); by default they are built and run here, with LLVM
+    at `opt_level` (see `build`). The draws are taken one at a time, so only one draw's arrays are alive
+    at once (imported programs reach GiB).
     """
-    make_inputs, default_reference, ref_length = _reference_runner(program, reference, target,
-                                                                   build_program=run_reference is None)
+    make_inputs, default_reference, ref_length = _reference_runner(
+        program, reference, target, build_program=run_reference is None, opt_level=opt_level)
     run_reference = run_reference or default_reference
     if runner is None:
-        kernel = kernel or build(program, target)
+        kernel = kernel or build(program, target, opt_level)
         runner = lambda sets: [kernel.run_checked(s) for s in sets]  # noqa: E731
     length = max(reduction_length(program.nests), ref_length)
     rtols = {s.name: relative_tolerance(s.dtype, length) for s in program.signature.outputs}
