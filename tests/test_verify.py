@@ -118,3 +118,28 @@ def test_unoptimised_builds_verify_the_same_programs():
     assert verify(program, matmul_reference, opt_level=0).equivalent
     wrong = Program.parse(MATMUL.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{d,0}"), MATMUL_SIG)
     assert not verify(wrong, matmul_reference, opt_level=0).equivalent
+
+
+def test_chunked_comparison_finds_the_first_bad_element_anywhere(monkeypatch):
+    """The comparison runs a few elements at a time; counts, the first bad position and the figures are
+    those of the whole array."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("steptp_env.measure.verify"), "CHUNK", 7)
+    expected = np.linspace(1.0, 2.0, 60, dtype=np.float32).reshape(3, 4, 5)
+    actual = expected.copy()
+    actual[2, 1, 3] *= 1.01
+    actual[2, 3, 0] *= 1.02
+    report = compare(actual, expected, 1e-4)
+    assert not report.equivalent and report.first_mismatch[1] == (2, 1, 3)
+    assert report.reason.startswith("2 element(s) off") and report.max_rel_err == pytest.approx(0.02, rel=1e-3)
+    actual = expected.copy()
+    actual[1, 2, 2] = np.nan
+    report = compare(actual, expected, 1e-4)
+    assert not report.equivalent and report.first_mismatch[1] == (1, 2, 2) and "1 NaN/inf" in report.reason
+    assert compare(expected.copy(), expected, 1e-6).equivalent
+    ints = np.arange(20, dtype=np.int32)
+    wrong = ints.copy()
+    wrong[15] = -1
+    report = compare(wrong, ints, 0.0)
+    assert not report.equivalent and report.first_mismatch[1] == (15,) and report.reason.startswith("1 integer")
