@@ -309,3 +309,17 @@ def test_candidate_lists_persist_in_the_store(tmp_path, monkeypatch):
     assert catalog.candidate_groups(program, "llvm", store) == computed
     (count,) = store._conn.execute("SELECT COUNT(*) FROM candidates").fetchone()
     assert count == 2
+
+
+def test_actions_off_the_candidate_menu_are_verified_in_model_mode(tmp_path):
+    """The bulk verification covers candidates only, so a text action whose parameters the menu does not
+    offer (here the guard the analysis proves unnecessary) is verified before it is accepted; a candidate
+    is not (model mode stays build-free)."""
+    env = make(tmp_path, "level1/softmax")
+    env.reset(seed=0)
+    assert "online_softmax(nest=1, guard=1, state=scan)" not in env.candidate_texts()
+    _, _, _, _, info = env.step("online_softmax(nest=1, guard=1, state=scan)")
+    assert info["error"] is None and info["verified"] is True
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("online_softmax(nest=1, guard=0, state=scan)")
+    assert info["error"] is None and info["verified"] is False
