@@ -1,6 +1,7 @@
 """Seeded random chains of actions on the suite at `tiny`: each chain picks one of the current program's
 candidates at random, `--length` times, and the final program is verified against the workload's PyTorch
-reference (a failing chain is replayed to name the first step whose program fails). CI runs the short
+reference in a worker process (a kernel that crashes, or corrupts memory, is a failed chain, not the end of
+the run; a failing chain is replayed to name the first step whose program fails). CI runs the short
 version (tests/test_strategies.py: 30 workloads, one chain of 10 each); this is the long one. Writes
 benchmarks/results/strategy_chains.md and the failing chains to strategy_chains.json.
 
@@ -23,7 +24,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
     """Worker: `seeds` chains on one workload; one dict per chain (never raises)."""
-    from steptp_env import verify
     from steptp_env.strategies import random_chain
     from steptp_env.workloads import get_workload
 
@@ -34,8 +34,8 @@ def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
         row = {"workload": uri, "seed": seed, "path": path}
         try:
             program = random_chain(wl.program, random.Random(f"{uri}/{seed}"), length, path)
-            report = verify(program, wl, trials=2)
-            row.update(ok=report.equivalent, reason=report.reason)
+            report = _check(program, wl)
+            row.update(ok=report["equivalent"], reason=report["reason"])
             if not report.equivalent:
                 row["first_failing_step"] = _first_failing_step(wl, path)
         except Exception as exc:  # a chain that cannot be applied or built is a failed chain, with its message
@@ -46,15 +46,22 @@ def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
 
 def _first_failing_step(wl, path: list[str]) -> int:
     """Index of the first action after which the program no longer verifies."""
-    from steptp_env import verify
     from steptp_env.strategies import apply_action
 
     program = wl.program
     for step, text in enumerate(path):
         program = apply_action(program, text)
-        if not verify(program, wl, trials=2).equivalent:
+        if not _check(program, wl)["equivalent"]:
             return step
     return len(path) - 1
+
+
+def _check(program, wl) -> dict:
+    """Verify report (as a dict) of `program` against the workload, built and run in a worker process."""
+    from steptp_env.data.verification import check
+    from steptp_env.measure import Protocol
+
+    return check(program, wl, protocol=Protocol(threads=1, trials=2))
 
 
 def main() -> None:
