@@ -36,7 +36,7 @@ def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
             program = random_chain(wl.program, random.Random(f"{uri}/{seed}"), length, path)
             report = _check(program, wl)
             row.update(ok=report["equivalent"], reason=report["reason"])
-            if not report.equivalent:
+            if not report["equivalent"]:
                 row["first_failing_step"] = _first_failing_step(wl, path)
         except Exception as exc:  # a chain that cannot be applied or built is a failed chain, with its message
             row.update(ok=False, reason=f"{type(exc).__name__}: {exc}"[:400])
