@@ -34,7 +34,8 @@ def main() -> None:
     every_apply = [t for ts in apply_s.values() for t in ts]
     lines = ["# Strategy machinery speed (suite at `small`, one thread)", "",
              f"The 23 loop, memory and graph strategies; each program is a fresh object and the per-nest "
-             f"candidate cache is cleared before it, so no cached analysis or candidates carry over. Times are CPU time of this process (`time.process_time`), "
+             f"candidate cache is cleared before it, so no cached analysis or candidates carry over. Times are "
+             f"CPU time of this process (`time.process_time`), "
              f"so other jobs on the machine inflate them less than wall time would. Load average {os.getloadavg()[0]:.2f} on "
              f"{os.cpu_count()} cores.", "",
              f"- candidates of all strategies per program: median {statistics.median(enumerate_s) * 1e3:.2f} ms, "

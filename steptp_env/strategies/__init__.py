@@ -7,5 +7,5 @@ from .identify import canonical_text, identify
 STRATEGIES = REGISTRY
 """Implemented strategies by name."""
 
-__all__ = ["Action", "Strategy", "STRATEGIES", "STRATEGY_NAMES", "REGISTRY", "candidates", "code_digest", "apply_action",
-           "identify", "canonical_text", "get_strategy", "random_chain"]
+__all__ = ["Action", "Strategy", "STRATEGIES", "STRATEGY_NAMES", "REGISTRY", "candidates", "code_digest",
+           "apply_action", "identify", "canonical_text", "get_strategy", "random_chain"]
