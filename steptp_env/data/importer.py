@@ -28,7 +28,7 @@ from ..errors import StepTPError
 from ..frontend.workload import Workload
 from ..ir.analysis import loop_iterations
 from ..ir.ast import all_loops, equations
-from ..ir.program import Program, tensor_bytes
+from ..ir.program import Program, program_bytes, tensor_bytes
 from ..measure import Protocol, random_inputs
 from ..strategies import REGISTRY, Action, get_strategy, identify
 from ..strategies.algebraic import cosmetic_key
@@ -138,7 +138,7 @@ def _peak_bytes(before: Program, after: Program) -> int:
     back; here, one input draw, the program's outputs and the reference's. Draws are checked one at a
     time and the worker is restarted after a large row (`verification.RELEASE_BYTES`), so nothing else
     stays alive."""
-    return (max(sum(map(tensor_bytes, p.tensors.values())) for p in (before, after))
+    return (max(program_bytes(before), program_bytes(after))
             + 3 * sum(map(tensor_bytes, before.signature.tensors)))
 
 

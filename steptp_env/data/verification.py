@@ -11,7 +11,7 @@ import gc
 import queue
 from typing import Any, Sequence
 
-from ..ir.program import Program, tensor_bytes
+from ..ir.program import Program, program_bytes
 from ..measure import Protocol, measure
 from ..measure.runner import worker_for
 from ..measure.verify import Reference
@@ -31,7 +31,7 @@ def check(program: Program, reference: Reference, target: str = "llvm", protocol
     m = measure(program, reference, target, protocol, worker=worker, timing=False)
     gc.collect()  # free this check's arrays before the next one
     programs = [program] + ([reference] if isinstance(reference, Program) else [])
-    if max(sum(map(tensor_bytes, p.tensors.values())) for p in programs) > RELEASE_BYTES:
+    if max(map(program_bytes, programs)) > RELEASE_BYTES:
         worker.close()  # TVM's workspace pool keeps a kernel's intermediates; a new worker starts empty
     if m.verify is None:
         return {"equivalent": False, "reason": m.error or "not verified", "trials": 0}

@@ -36,8 +36,10 @@ def candidate_groups(program: Program, target: str, store: ResultStore | None = 
     if found is not None:
         _GROUPS.move_to_end(key)
         return found
-    stored_key = _stored_key(program, target) if store is not None else None
-    text = store.get_candidates(stored_key) if store is not None else None
+    text = stored_key = None
+    if store is not None:
+        stored_key = _stored_key(program, target)
+        text = store.get_candidates(stored_key)
     if text is not None:
         found = {name: [Action(name, tuple((k, _tuples(v) if type(v) is list else v) for k, v in params))
                         for params in actions] for name, actions in json.loads(text).items()}

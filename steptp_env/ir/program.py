@@ -159,6 +159,11 @@ def tensor_bytes(tensor: TensorSpec | TensorInfo) -> int:
     return math.prod(tensor.shape) * width
 
 
+def program_bytes(program: Program) -> int:
+    """Bytes of all of a program's tensors, intermediates included: what its kernel holds at once."""
+    return sum(map(tensor_bytes, program.tensors.values()))
+
+
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     """What the analysis knows about one tensor: shape (inferred for intermediates), dtype, scope, role."""
