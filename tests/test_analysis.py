@@ -5,7 +5,7 @@ import math
 
 from steptp_env import Program
 from steptp_env.ir import parse_expr
-from steptp_env.ir.analysis import (accumulation, carried_dependences, index_range, loop_iterations, reads,
+from steptp_env.ir.analysis import (accumulation, carried_dependences, element_positions, index_range, loop_iterations, reads,
                                     reduction, reduction_identity, reduction_length, scans, use_def, users,
                                     writes)
 from steptp_env.ir.ast import equations
@@ -76,3 +76,18 @@ def test_index_range_and_loop_iterations():
     assert index_range(parse_expr("3999-a"), {"a": 4000}) == (0, 3999)
     assert index_range(parse_expr("A^{i64,g}_{a}"), {"a": 4}) is None
     assert loop_iterations(Program.parse(SOFTMAX, SIG).nests) == 3 * 32
+
+
+def test_element_positions_enumerate_exactly():
+    def positions(texts: str | list[str], shape: tuple[int, ...], bounds: dict[str, int], shift: int = 0):
+        texts = texts.split(",") if isinstance(texts, str) else texts
+        found = element_positions(tuple(parse_expr(t) for t in texts), shape, bounds, shift)
+        return None if found is None else sorted(set(found.tolist()))
+
+    strided = positions("d*3+g*4", (63,), {"d": 19, "g": 3})
+    assert len(strided) == 57 and 57 not in strided and 61 not in strided and strided[-1] == 62
+    assert positions("a,h*2+c", (2, 8), {"a": 2, "h": 4, "c": 2}) == list(range(16))
+    assert positions("c", (8,), {"c": 8}, shift=-1) == list(range(7))  # the predecessor of element 0 is left out
+    assert positions("0,c%3", (1, 3), {"c": 7}) == [0, 1, 2]
+    assert positions(["A^{i64,g}_{c}"], (4,), {"c": 4}) is None
+    assert positions("c,d", (4096, 4096), {"c": 4096, "d": 4096}) is None  # past POINT_LIMIT

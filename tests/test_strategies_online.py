@@ -261,6 +261,25 @@ def test_bad_actions_raise_illegal_action_error_with_a_reason(suite, name):
         apply_action(program, Action(name, ()))
 
 
+def _strided_copy(stride: int) -> Program:
+    """E holds every `stride`-th element of A (as a tensor_split copy can), then a sum reads E."""
+    return Program.parse(f"L^{{8}}_{{c=0}}[E^{{f32,g}}_{{c*{stride}}}=A^{{f32,g}}_{{c*{stride}}};];"
+                         f"L^{{8}}_{{c=0}}[D^{{f32,g}}_{{0}}=D^{{f32,g}}_{{0}}+E^{{f32,g}}_{{c*{stride}}};];",
+                         sig(A=((24,), "input"), D=((1,), "output")))
+
+
+def test_splits_by_a_predecessor_that_no_nest_wrote_are_refused():
+    """Found by the long chain run: split by the predecessor of a strided copy, x + p - p read memory no nest
+    wrote, so the result hung on whatever the allocator left there (garbage minus itself is NaN for inf)."""
+    action = Action.of("additive_split", nest=1, path=(0, 1), by="E", at=0, shift=1)
+    with pytest.raises(IllegalActionError, match="predecessor .* not written"):
+        apply_action(_strided_copy(3), action)
+    assert action not in REGISTRY["additive_split"].candidates(_strided_copy(3))
+    contiguous = _strided_copy(1)
+    assert action in REGISTRY["additive_split"].candidates(contiguous)
+    assert verify(apply_action(contiguous, action), contiguous, trials=2).equivalent
+
+
 def test_flash_attention_refuses_a_copy_order_that_is_not_a_permutation(suite):
     program = suite["level2/mha"].program
     action = REGISTRY["flashattention_wo_tiling"].candidates(program)[0]

@@ -9,8 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from .ast import (Access, BinOp, Call, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses, equations,
-                  free_vars)
+import numpy as np
+
+from .ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
+                  children, equations, free_vars)
 from .dtypes import is_float
 
 REDUCE_OPS = ("+", "-", "*", "max", "min")
@@ -49,6 +51,115 @@ def index_range(expr: Expr, bounds: Mapping[str, int],
                 return lhs
             return 0, rhs[0] - 1
     return None
+
+
+POINT_LIMIT = 1 << 22
+"""The most loop iterations `element_positions` enumerates for one access."""
+
+_INDEX_OPS = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide, "%": np.mod}
+_COMPARE_OPS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
+                "!=": np.not_equal}
+
+
+def element_positions(indices: tuple[Expr, ...], shape: tuple[int, ...], bounds: Mapping[str, int],
+                      shift_last: int = 0, where: tuple[tuple[Expr, bool], ...] = ()) -> np.ndarray | None:
+    """Row-major positions in a tensor of `shape` of the elements that subscripts `indices` name while every
+    loop var v ranges over [0, bounds[v]-1], with `shift_last` added to the last subscript (a lagged read),
+    at the iterations where each (condition, truth) of `where` holds (a condition on data, which this cannot
+    evaluate, is taken to hold everywhere); elements outside the shape are left out, repeats are not. None
+    where the subscripts cannot be enumerated: one reads a tensor, an operator other than + - * // %, an
+    unbounded variable, or more than POINT_LIMIT iterations. Exact where `index_range` only bounds: it tells
+    a strided write (every third element) from a contiguous one."""
+    if not indices:
+        return np.zeros(1, dtype=np.int64)
+    names = sorted({v for e in (*indices, *(c for c, _ in where)) for v in free_vars(e)})
+    if any(v not in bounds for v in names) or math.prod(bounds[v] for v in names) > POINT_LIMIT:
+        return None
+    grid = {v: np.arange(bounds[v], dtype=np.int64).reshape([-1 if k == n else 1 for k in range(len(names))])
+            for n, v in enumerate(names)}
+    values = [_grid_value(i, grid) for i in indices]
+    if any(v is None for v in values):
+        return None
+    size = tuple(bounds[v] for v in names)
+    full = [np.broadcast_to(v, size).ravel() for v in values]
+    full[-1] = full[-1] + shift_last
+    keep = np.logical_and.reduce([(v >= 0) & (v < extent) for v, extent in zip(full, shape)])
+    for cond, truth in where:
+        holds = _grid_value(cond, grid)
+        if holds is not None:
+            keep &= np.broadcast_to(holds == truth, size).ravel()
+    return np.ravel_multi_index(tuple(v[keep] for v in full), shape)
+
+
+def _grid_value(expr: Expr, grid: Mapping[str, np.ndarray]):
+    """`expr` evaluated on broadcastable integer arrays of the loop vars; None where it reads a tensor, uses
+    a float or an operator not handled here."""
+    if isinstance(expr, Var):
+        return grid[expr.name]
+    if isinstance(expr, Const):
+        return np.int64(expr.value) if expr.is_int else None
+    if isinstance(expr, Neg):
+        inner = _grid_value(expr.operand, grid)
+        return None if inner is None else -inner
+    if isinstance(expr, BinOp) and expr.op in _INDEX_OPS:
+        lhs, rhs = _grid_value(expr.lhs, grid), _grid_value(expr.rhs, grid)
+        if lhs is None or rhs is None or (expr.op in ("//", "%") and np.any(rhs == 0)):
+            return None
+        return _INDEX_OPS[expr.op](lhs, rhs)
+    if isinstance(expr, Compare):
+        values = [_grid_value(o, grid) for o in expr.operands]
+        if any(v is None for v in values):
+            return None
+        return np.logical_and.reduce([_COMPARE_OPS[op](a, b) for op, a, b in zip(expr.ops, values, values[1:])])
+    if isinstance(expr, And):
+        lhs, rhs = _grid_value(expr.lhs, grid), _grid_value(expr.rhs, grid)
+        return None if lhs is None or rhs is None else lhs & rhs
+    return None
+
+
+def guarded_reads(expr: Expr, where: tuple[tuple[Expr, bool], ...] = ()) -> list[tuple[Access, tuple]]:
+    """Every value read in `expr` (not the index tensors inside subscripts) with the if_then_else conditions
+    that must hold, or fail, for it to be read: ((condition, truth), ...), outermost first."""
+    if isinstance(expr, Access):
+        return [(expr, where)]
+    if isinstance(expr, Call) and expr.func == "if_then_else":
+        cond, then, other = expr.args
+        return (guarded_reads(cond, where) + guarded_reads(then, where + ((cond, True),))
+                + guarded_reads(other, where + ((cond, False),)))
+    return [found for child in children(expr) for found in guarded_reads(child, where)]
+
+
+def unwritten_reads(program) -> list[tuple[int, Access]]:
+    """(nest, access) of every read of an intermediate at elements that no earlier nest wrote, where the
+    read is not excluded by an if_then_else condition on loop variables: the kernel would compute with
+    whatever the allocator left in that memory, so its result is luck. Only tensors that earlier nests
+    finish are checked (a nest reading its own writes, as a reduction or a scan does, is not); a subscript
+    or write that cannot be enumerated (`element_positions`) leaves that tensor unchecked."""
+    found = []
+    written: dict[str, np.ndarray | None] = {}  # intermediate -> which elements earlier nests wrote
+    for n, nest in enumerate(program.nests):
+        own = set(writes(nest))
+        for loops, eq in equations(nest):
+            bounds = {l.var: l.extent for l in loops}
+            for acc, where in guarded_reads(eq.rhs):
+                done = written.get(acc.name)
+                if acc.name in own or done is None:
+                    continue
+                wanted = element_positions(acc.indices, done.shape, bounds, where=where)
+                if wanted is not None and not done.ravel()[wanted].all():
+                    found.append((n, acc))
+        for loops, eq in equations(nest):
+            name = eq.lhs.name
+            if name in program.signature and program.signature[name].role != "output":
+                continue
+            shape = program.tensors[name].shape
+            positions = element_positions(eq.lhs.indices, shape, {l.var: l.extent for l in loops})
+            if positions is None or (name in written and written[name] is None):
+                written[name] = None
+                continue
+            mask = written.setdefault(name, np.zeros(shape, dtype=bool))
+            mask.ravel()[positions] = True
+    return found
 
 
 @dataclass(frozen=True, slots=True)

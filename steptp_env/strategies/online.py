@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..errors import IllegalActionError
-from ..ir.analysis import index_range, reads, reduction, reduction_identity, writes
+from ..ir.analysis import element_positions, index_range, reads, reduction, reduction_identity, writes
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Nest, Statement, Var, accesses,
                       children, equations, free_vars, map_children, replace_accesses, walk)
 from ..ir.dtypes import is_float
@@ -825,8 +827,9 @@ class _Split(Strategy):
         if not is_float(base.dtype) or not in_bounds(program, base, bounds):
             raise IllegalActionError(f"{print_expr(base)} is not a float read inside {by} for every iteration "
                                      f"of nest {site.index}")
-        if not _available(program, base, site.index, bounds):
-            raise IllegalActionError(f"{print_expr(base)} is not complete before nest {site.index}")
+        if not _available(program, base, site.index, bounds, int(bool(shift))):
+            what = f"the predecessor of {print_expr(base)}" if shift else print_expr(base)
+            raise IllegalActionError(f"{what} is not written (or not final) before nest {site.index}")
         if shift and not (base.rank and free_vars(base.indices[-1])):
             raise IllegalActionError(f"{print_expr(base)} has no loop variable in its last subscript to shift")
         p = lagged(base, base.rank - 1, Const(self.identity)) if shift else base
@@ -915,25 +918,49 @@ class _Split(Strategy):
                 "or moving the p terms out of the reduction) can use it.")
 
 
-def _available(program: Program, read: Access, index: int, bounds: dict[str, int]) -> bool:
-    """True when every element `read` names (inside loops `bounds`) holds its final value before nest
-    `index`: the tensor is caller data, or only earlier nests write it, or an earlier nest writes these very
+def _available(program: Program, read: Access, index: int, bounds: dict[str, int], shift: int = 0) -> bool:
+    """True when every element `read` names (inside loops `bounds`; with `shift`, its predecessor along the
+    last subscript instead, where it has one) is written before nest `index` and holds its final value there.
+
+    Final: the tensor is caller data, or only earlier nests write it, or an earlier nest writes `read`'s very
     elements (same subscript, loops at least as long) and the later writes up to nest `index` are provably
-    elsewhere (a different constant subscript, as `D_{1,...}` after `D_{0,...}`)."""
+    elsewhere (a different constant subscript, as `D_{1,...}` after `D_{0,...}`). Written: that same-subscript
+    write covers `read`, and its predecessors too when the last subscript is a loop variable of its own;
+    otherwise the earlier writes are enumerated (`_written_before`). A copy that tensor_split made may hold
+    only every third element: the elements between are memory that nobody wrote."""
     name = read.name
     if name in program.signature and program.signature[name].role != "output":
         return True
     writers = _writer_nests(program, name)
-    if writers and max(writers) < index:
-        return True
     used = {v for i in read.indices for v in free_vars(i)}
-    for j in reversed([w for w in writers if w < index]):
-        for loops, eq in equations(program.nests[j]):
-            extents = bounds_of(loops)
-            if eq.lhs.indices == read.indices and all(extents.get(v, 0) >= bounds[v] for v in used):
-                return all(_disjoint(other.lhs, bounds_of(around), read, bounds) for w in writers if j < w <= index
-                           for around, other in equations(program.nests[w]) if other.lhs.name == name)
-    return False
+    same = next((j for j in reversed([w for w in writers if w < index]) for loops, eq in equations(program.nests[j])
+                 if eq.lhs.indices == read.indices and all(bounds_of(loops).get(v, 0) >= bounds[v] for v in used)),
+                None)
+    if not (writers and max(writers) < index) and not (
+            same is not None and all(_disjoint(other.lhs, bounds_of(around), read, bounds)
+                                     for w in writers if same < w <= index
+                                     for around, other in equations(program.nests[w]) if other.lhs.name == name)):
+        return False
+    last = read.indices[-1] if read.rank else None
+    own_var = isinstance(last, Var) and all(last.name not in free_vars(i) for i in read.indices[:-1])
+    return (same is not None and (not shift or own_var)) or _written_before(program, read, index, bounds, shift)
+
+
+def _written_before(program: Program, read: Access, index: int, bounds: dict[str, int], shift: int) -> bool:
+    """True when nests before `index` write every element `read` names inside loops `bounds` (with `shift`,
+    the predecessor along the last subscript, where one exists); False where the positions cannot be
+    enumerated."""
+    shape = program.tensors[read.name].shape
+    wanted = element_positions(read.indices, shape, bounds, -shift)
+    done = np.zeros(shape, dtype=bool).ravel()
+    for nest in program.nests[:index]:
+        for loops, eq in equations(nest):
+            if eq.lhs.name == read.name:
+                positions = element_positions(eq.lhs.indices, shape, bounds_of(loops))
+                if positions is None:
+                    return False
+                done[positions] = True
+    return wanted is not None and bool(done[wanted].all())
 
 
 def _disjoint(one: Access, one_bounds: dict[str, int], two: Access, two_bounds: dict[str, int]) -> bool:
