@@ -37,6 +37,27 @@ def test_split_reduction_is_equivalent_to_the_original_program():
     assert report.equivalent, report.reason
 
 
+STRIDED_SIG = sig(("A", (24,), "float32", "input"), ("D", (1,), "float32", "output"))
+STRIDED = "L^{8}_{c=0}[E^{f32,g}_{c*3}=A^{f32,g}_{c*3};];"
+"""E holds every third element of A; the elements between are memory no nest writes."""
+
+
+def test_a_program_that_reads_elements_no_nest_wrote_fails_before_it_runs():
+    total = Program.parse(STRIDED + "L^{8}_{c=0}[D^{f32,g}_{0}=D^{f32,g}_{0}+E^{f32,g}_{c*3};];", STRIDED_SIG)
+    # x + E[c*3-1] - E[c*3-1]: exact in arithmetic, but E[c*3-1] was never written (garbage - garbage is
+    # 0 for most bit patterns, NaN for inf and NaN ones)
+    lucky = Program.parse(STRIDED + "L^{8}_{c=0}[D^{f32,g}_{0}=D^{f32,g}_{0}+E^{f32,g}_{c*3}"
+                          "+if_then_else(c<1,0,E^{f32,g}_{c*3-1})-if_then_else(c<1,0,E^{f32,g}_{c*3-1});];",
+                          STRIDED_SIG)
+    report = verify(lucky, total, trials=2)
+    assert not report.equivalent and report.trials == 0
+    assert "E^{f32,g}_{c*3-1}" in report.reason and "no earlier nest wrote" in report.reason
+    # the same reads behind a condition on loop variables that excludes them are fine
+    guarded = Program.parse(STRIDED + "L^{8}_{c=0}[D^{f32,g}_{0}=D^{f32,g}_{0}+E^{f32,g}_{c*3}"
+                            "+if_then_else(c<9,0,E^{f32,g}_{c*3-1});];", STRIDED_SIG)
+    assert verify(guarded, total, trials=2).equivalent
+
+
 @pytest.mark.parametrize("wrong, why", [
     (MATMUL.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{d,0}"), "element"),  # a misplaced index
     (MATMUL.replace("L^{16}_{d=0}", "L^{15}_{d=0}"), "element"),  # one term short

@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping, Union
 import numpy as np
 
 from ..errors import StepTPError
-from ..ir.analysis import reduction_length
+from ..ir.analysis import reduction_length, unwritten_reads
 from ..ir.dtypes import is_float
+from ..ir.printer import print_expr
 from ..ir.program import Program
 from .build import Kernel, build
 from .inputs import random_inputs
@@ -123,7 +124,16 @@ def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 
     a reference program (inputs -> outputs by name); by default they are built and run here, with LLVM
     at `opt_level` (see `build`). The draws are taken one at a time, so only one draw's arrays are alive
     at once (imported programs reach GiB).
+
+    A program that reads elements of an intermediate that no nest wrote (`unwritten_reads`) fails before
+    it is built: its outputs depend on what the allocator left in memory, so a run can pass by luck (x - x
+    is 0 for most garbage, NaN for some) and the next one fail.
     """
+    unwritten = unwritten_reads(program)
+    if unwritten:
+        nest, access = unwritten[0]
+        return VerifyReport(False, reason=f"nest {nest} reads {print_expr(access)} at elements that no earlier "
+                                          "nest wrote (uninitialised memory)", trials=0)
     make_inputs, default_reference, ref_length = _reference_runner(
         program, reference, target, build_program=run_reference is None, opt_level=opt_level)
     run_reference = run_reference or default_reference
