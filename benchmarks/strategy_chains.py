@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_CHECKED: list[str] = []
+"""The chains this process has checked since its verification worker last crashed: where a crash does not
+reproduce on replay, an earlier program in this list corrupted the worker."""
 
 
 def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
@@ -36,6 +39,10 @@ def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
             program = random_chain(wl.program, random.Random(f"{uri}/{seed}"), length, path)
             report = _check(program, wl)
             row.update(ok=report["equivalent"], reason=report["reason"])
+            if "crashed" in (report["reason"] or ""):
+                row["worker_history"] = list(_CHECKED)
+                _CHECKED.clear()
+            _CHECKED.append(f"{uri} seed {seed}")
             if not report["equivalent"]:
                 row["first_failing_step"] = _first_failing_step(wl, path)
         except Exception as exc:  # a chain that cannot be applied or built is a failed chain, with its message
@@ -44,8 +51,9 @@ def run_chains(uri: str, seeds: int, length: int) -> list[dict]:
     return rows
 
 
-def _first_failing_step(wl, path: list[str]) -> int:
-    """Index of the first action after which the program no longer verifies."""
+def _first_failing_step(wl, path: list[str]) -> int | None:
+    """Index of the first action after which the program no longer verifies; None when every step verifies on
+    the replay (the failure did not reproduce: a crash caused by an earlier program in the same worker)."""
     from steptp_env.strategies import apply_action
 
     program = wl.program
@@ -53,7 +61,7 @@ def _first_failing_step(wl, path: list[str]) -> int:
         program = apply_action(program, text)
         if not _check(program, wl)["equivalent"]:
             return step
-    return len(path) - 1
+    return None
 
 
 def _check(program, wl) -> dict:
@@ -62,6 +70,13 @@ def _check(program, wl) -> dict:
     from steptp_env.measure import Protocol
 
     return check(program, wl, protocol=Protocol(threads=1, trials=2))
+
+
+def _where(row: dict) -> str:
+    if "first_failing_step" not in row:
+        return "while applying"
+    step = row["first_failing_step"]
+    return "not reproduced on replay (every step verifies)" if step is None else f"step {step}"
 
 
 def main() -> None:
@@ -89,8 +104,8 @@ def main() -> None:
     lines += [f"| {name} | {count} |" for name, count in sorted(steps.items())]
     if failures:
         lines += ["", "## Failing chains", ""]
-        lines += [f"- {row['workload']} seed {row['seed']}: step {row.get('first_failing_step')} "
-                  f"of {' ; '.join(row['path'])}: {row['reason']}" for row in failures]
+        lines += [f"- {row['workload']} seed {row['seed']}: {_where(row)} of {' ; '.join(row['path'])}: "
+                  f"{row['reason']}" for row in failures]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "strategy_chains.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "strategy_chains.json").write_text(json.dumps(failures, indent=1) + "\n")
