@@ -69,3 +69,22 @@ def test_unsupported_target_is_a_lowering_error():
     program = Program.parse("L^{4}_{a=0}L^{4}_{c=0}[C^{f32,g}_{a,c}=A^{f32,g}_{a,c};];", SIG)
     with pytest.raises(LoweringError, match="unsupported target"):
         lower(program, "rocm")
+
+
+@pytest.mark.parametrize("subscript", ["c%32", "(c+3)%32", "c%16"])
+def test_a_wrapping_subscript_on_the_innermost_loop_stays_inside_its_buffer(subscript):
+    """LLVM's loop vectorizer (LLVM 22 in TVM 0.27) compiles `G[a, c%32] = ...` over c < 64 into contiguous
+    stores of 64 elements, past the 32 the subscript reaches (it corrupted the heap of a verification worker
+    in the long chain run). The lowering splits such a loop so the subscript is the inner variable."""
+    import tvm
+
+    signature = [{"name": "C", "shape": [32, 32], "dtype": "float32", "role": "input"},
+                 {"name": "G", "shape": [32, 64], "dtype": "float32", "role": "output"}]
+    program = Program.parse(f"L^{{32}}_{{a=0}}L^{{64}}_{{c=0}}[G^{{f32,g}}_{{a,{subscript}}}"
+                            f"=C^{{f32,g}}_{{a,{subscript}}};];", signature)
+    source = np.random.default_rng(0).standard_normal((32, 32)).astype("float32")
+    out = tvm.runtime.tensor(np.full((32, 64), np.nan, "float32"))
+    build(program).main(tvm.runtime.tensor(source), out)
+    assert np.isnan(out.numpy()[:, 32:]).all()  # nothing written past the elements the subscript names
+    modulus = int(subscript.rsplit("%", 1)[1])
+    assert np.array_equal(out.numpy()[:, :modulus], source[:, :modulus])

@@ -24,7 +24,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import LoweringError
 from ..ir.analysis import accumulation, index_range, reduction, reduction_identity, scan_operator
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
-                      free_vars)
+                      free_vars, walk)
 from ..ir.dtypes import float_rank, is_float
 from ..ir.program import Program
 
@@ -120,11 +120,39 @@ class _FunctionBuilder:
                     self._equation(n, counter, loops, stmt)
             return
         loop = nest.loops[depth]
-        with self._for(loop, loops) as var:
-            IRBuilder.name(loop.var, var)
-            self.iter_vars[loop.var] = var
-            self._loops(n, nest, outer, depth + 1, counter)
+        split = self._wrap_split(nest, depth)
+        if split:
+            with self._for(Loop(loop.kind, loop.extent // split, loop.var), loops) as var:
+                IRBuilder.name(loop.var, var)
+                with T.serial(0, split) as inner:
+                    IRBuilder.name(f"{loop.var}_in", inner)
+                    self.iter_vars[loop.var] = var * split + inner
+                    self._loops(n, nest, outer, depth + 1, counter)
+        else:
+            with self._for(loop, loops) as var:
+                IRBuilder.name(loop.var, var)
+                self.iter_vars[loop.var] = var
+                self._loops(n, nest, outer, depth + 1, counter)
         del self.iter_vars[loop.var]
+
+    def _wrap_split(self, nest: Nest, depth: int) -> int | None:
+        """m where the innermost serial loop v of a flat nest appears in subscripts only wrapped as `(..v..) % m`
+        with m dividing v's extent but smaller: LLVM 22's loop vectorizer (inside TVM 0.27) turns
+        `X[v % 32] = ...` over 64 iterations into contiguous stores of 64 elements, writing past the buffer
+        (tests/test_lower.py). The loop is emitted as v_outer x m so that the subscript simplifies to the
+        inner variable; the iterations run in the same order. None where that does not apply."""
+        loop = nest.loops[depth]
+        if self.kind != "llvm" or loop.kind != "L" or depth != len(nest.loops) - 1 or \
+                any(isinstance(s, Nest) for s in nest.body):
+            return None
+        moduli = {node.rhs.value for eq in nest.body for acc in (eq.lhs, *accesses(eq.rhs))
+                  for index in acc.indices for node in walk(index)
+                  if isinstance(node, BinOp) and node.op == "%" and isinstance(node.rhs, Const) and node.rhs.is_int
+                  and loop.var in free_vars(node.lhs)}
+        if len(moduli) != 1:
+            return None
+        m = moduli.pop()
+        return m if 1 < m < loop.extent and loop.extent % m == 0 else None
 
     def _for(self, loop: Loop, enclosing: tuple[Loop, ...]):
         kind = loop.kind
