@@ -59,6 +59,10 @@ HAND = {
               sig(A=((8,), "input"), C=((8,), "output"))),
     "cumsum": ("L^{4}_{a=0}L^{8}_{c=0}[F^{f32,g}_{a,c}=if_then_else(c-1<0,0,F^{f32,g}_{a,c-1})+A^{f32,g}_{a,c};];",
                sig(A=((4, 8), "input"), F=((4, 8), "output"))),
+    # two row sums over rows c*2+d: concatenating along d would put the second half on rows c > 0 use
+    "interleaved": ("L^{2}_{c=0}L^{2}_{d=0}L^{3}_{f=0}[D^{f32,g}_{c,d}=D^{f32,g}_{c,d}+A^{f32,g}_{c*2+d,f};];"
+                    "L^{2}_{c=0}L^{2}_{d=0}L^{3}_{f=0}[E^{f32,g}_{c,d}=E^{f32,g}_{c,d}+C^{f32,g}_{c*2+d,f};];",
+                    sig(A=((4, 3), "input"), C=((4, 3), "input"), D=((2, 2), "output"), E=((2, 2), "output"))),
 }
 
 
@@ -134,6 +138,9 @@ def test_forms(programs):
 
     concat = apply_action(programs["twins"], "tensor_concat_to_fuse_operators(nest=0, loop=a, tensors=[A])")
     assert "L^{10}_{a=0}L^{8}_{c=0}" in concat.leir and "_{a+4,c}=C^{f32,g}_{a,c}" in concat.leir
+    # along c the second half of the rows c*2+d starts at row 4, past the first: legal, and it verifies
+    rows = apply_action(programs["interleaved"], "tensor_concat_to_fuse_operators(nest=0, loop=c, tensors=[A])")
+    assert verify(rows, programs["interleaved"], trials=2).equivalent
 
     matmul = apply_action(programs["matmul"], "tensor_split_to_decouple_operators(nest=0, loop=d, at=5, tensors=[A,C])")
     assert len(matmul.nests) == 5 and "L^{11}_{d=0}" in matmul.leir
@@ -193,6 +200,7 @@ ILLEGAL = [
     ("sinhcosh", "tensor_concat_to_fuse_operators(nest=1, loop=a, tensors=[A])", "depend on each other"),
     ("twins", "tensor_concat_to_fuse_operators(nest=0, loop=z, tensors=[A])", "no loop"),
     ("twins", "tensor_concat_to_fuse_operators(nest=0, loop=a, tensors=[C])", "tensors must order"),
+    ("interleaved", "tensor_concat_to_fuse_operators(nest=0, loop=d, tensors=[A])", "would overwrite"),
     ("matmul", "tensor_split_to_decouple_operators(nest=0, loop=d, at=16, tensors=[A])", "strictly inside"),
     ("matmul", "tensor_split_to_decouple_operators(nest=0, loop=x, at=2, tensors=[A])", "no loop"),
     ("matmul", "tensor_split_to_decouple_operators(nest=0, loop=a, at=2, tensors=[C])", "cannot be copied"),

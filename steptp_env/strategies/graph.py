@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..errors import IllegalActionError
-from ..ir.analysis import Reduction, index_range, reads, reduction, scans, users, writes
+from ..ir.analysis import Reduction, element_positions, index_range, reads, reduction, scans, users, writes
 from ..ir.ast import (Access, BinOp, Call, Compare, Const, Equation, Expr, Loop, Nest, Var, accesses, children,
                       equations, free_vars, map_children, replace_accesses)
 from ..ir.dtypes import is_float
@@ -877,7 +879,30 @@ def _concat_plan(program: Program, index, var) -> _ConcatPlan:
     names = [one.name for one, _ in pairs]
     if len(set(names)) != len(names):
         raise IllegalActionError("an operand of the first nest is paired with two different operands")
+    for one, _ in pairs:
+        if not _halves_apart(one, first.loops, second.loops, var):
+            raise IllegalActionError(f"the second half of {one.name}'s concatenation, {var} shifted by "
+                                     f"{first.loop(var).extent}, would overwrite elements of the first "
+                                     f"({print_expr(one)} mixes {var} with another loop in one subscript)")
     return _ConcatPlan(first, second, var, tuple(pairs))
+
+
+def _halves_apart(one: Access, first: tuple[Loop, ...], second: tuple[Loop, ...], var: str) -> bool:
+    """True when the concatenated copy of operand `one` keeps its halves on different elements: `one`'s
+    subscript over loops `first`, and the same subscript with `var` shifted by its extent there over loops
+    `second` (`R_{c*2+d}` with d < 2 shifted by 2 reaches `R_{2..7}`, which c > 0 already uses). Proved by
+    the index ranges of one subscript where they do not overlap, else by enumerating the elements; False
+    where neither works."""
+    bounds1, bounds2 = bounds_of(first), bounds_of(second)
+    shifted = _shift_access(one, var, bounds1[var])
+    ranges = [(index_range(a, bounds1), index_range(b, bounds2)) for a, b in zip(one.indices, shifted.indices)]
+    if any(r is None or r[0] < 0 for pair in ranges for r in pair):
+        return False
+    if any(r1[1] < r2[0] or r2[1] < r1[0] for r1, r2 in ranges):
+        return True
+    shape = tuple(max(r1[1], r2[1]) + 1 for r1, r2 in ranges)
+    halves = element_positions(one.indices, shape, bounds1), element_positions(shifted.indices, shape, bounds2)
+    return halves[0] is not None and halves[1] is not None and not np.isin(halves[1], halves[0]).any()
 
 
 @register
