@@ -5,9 +5,9 @@ import math
 
 from steptp_env import Program
 from steptp_env.ir import parse_expr
-from steptp_env.ir.analysis import (accumulation, carried_dependences, element_positions, index_range, loop_iterations, reads,
-                                    reduction, reduction_identity, reduction_length, scans, use_def, users,
-                                    writes)
+from steptp_env.ir.analysis import (accumulation, carried_dependences, element_positions, index_range,
+                                    loop_iterations, reads, reduction, reduction_identity, reduction_length, scans,
+                                    unwritten_reads, use_def, users, writes)
 from steptp_env.ir.ast import equations
 
 SIG = [{"name": "A", "shape": [4, 8], "dtype": "float32"}, {"name": "C", "shape": [4, 8], "dtype": "float32",
@@ -91,3 +91,15 @@ def test_element_positions_enumerate_exactly():
     assert positions("0,c%3", (1, 3), {"c": 7}) == [0, 1, 2]
     assert positions(["A^{i64,g}_{c}"], (4,), {"c": 4}) is None
     assert positions("c,d", (4096, 4096), {"c": 4096, "d": 4096}) is None  # past POINT_LIMIT
+
+
+def test_unwritten_reads_include_index_tensors_in_subscripts():
+    signature = [{"name": "A", "shape": [8], "dtype": "float32", "role": "input"},
+                 {"name": "D", "shape": [8], "dtype": "float32", "role": "output"}]
+    half = "L^{4}_{c=0}[K^{i32,g}_{c*2}=7-c*2;];"  # K_{1}, K_{3}, ... are never written
+    gather = Program.parse(half + "L^{8}_{c=0}[D^{f32,g}_{c}=A^{f32,g}_{K^{i32,g}_{c}};];", signature)
+    scatter = Program.parse(half + "L^{8}_{c=0}[D^{f32,g}_{K^{i32,g}_{c}}=A^{f32,g}_{c};];", signature)
+    even = Program.parse(half + "L^{4}_{c=0}[D^{f32,g}_{c}=A^{f32,g}_{K^{i32,g}_{c*2}};];", signature)
+    assert [(n, a.name) for n, a in unwritten_reads(gather)] == [(1, "K")]
+    assert [(n, a.name) for n, a in unwritten_reads(scatter)] == [(1, "K")]
+    assert unwritten_reads(even) == []

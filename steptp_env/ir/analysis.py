@@ -55,6 +55,8 @@ def index_range(expr: Expr, bounds: Mapping[str, int],
 
 POINT_LIMIT = 1 << 22
 """The most loop iterations `element_positions` enumerates for one access."""
+MASK_LIMIT = 1 << 24
+"""The most elements of a tensor whose written elements are tracked one by one (a byte each)."""
 
 _INDEX_OPS = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide, "%": np.mod}
 _COMPARE_OPS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
@@ -91,6 +93,14 @@ def element_positions(indices: tuple[Expr, ...], shape: tuple[int, ...], bounds:
     return np.ravel_multi_index(tuple(v[keep] for v in full), shape)
 
 
+def writes_every_element(lhs: Access, bounds: Mapping[str, int], shape: tuple[int, ...]) -> bool:
+    """True when subscripts that are distinct loop variables, each running over its whole dimension, make
+    the write cover the tensor (the usual operator output): no enumeration needed."""
+    names = [i.name for i in lhs.indices if isinstance(i, Var)]
+    return (len(names) == len(lhs.indices) == len(shape) and len(set(names)) == len(names)
+            and all(bounds.get(v) == extent for v, extent in zip(names, shape)))
+
+
 def _grid_value(expr: Expr, grid: Mapping[str, np.ndarray]):
     """`expr` evaluated on broadcastable integer arrays of the loop vars; None where it reads a tensor, uses
     a float or an operator not handled here."""
@@ -118,10 +128,10 @@ def _grid_value(expr: Expr, grid: Mapping[str, np.ndarray]):
 
 
 def guarded_reads(expr: Expr, where: tuple[tuple[Expr, bool], ...] = ()) -> list[tuple[Access, tuple]]:
-    """Every value read in `expr` (not the index tensors inside subscripts) with the if_then_else conditions
-    that must hold, or fail, for it to be read: ((condition, truth), ...), outermost first."""
+    """Every tensor read in `expr` (index tensors inside subscripts included) with the if_then_else
+    conditions that must hold, or fail, for it to be read: ((condition, truth), ...), outermost first."""
     if isinstance(expr, Access):
-        return [(expr, where)]
+        return [(expr, where)] + [found for index in expr.indices for found in guarded_reads(index, where)]
     if isinstance(expr, Call) and expr.func == "if_then_else":
         cond, then, other = expr.args
         return (guarded_reads(cond, where) + guarded_reads(then, where + ((cond, True),))
@@ -132,18 +142,20 @@ def guarded_reads(expr: Expr, where: tuple[tuple[Expr, bool], ...] = ()) -> list
 def unwritten_reads(program) -> list[tuple[int, Access]]:
     """(nest, access) of every read of an intermediate at elements that no earlier nest wrote, where the
     read is not excluded by an if_then_else condition on loop variables: the kernel would compute with
-    whatever the allocator left in that memory, so its result is luck. Only tensors that earlier nests
-    finish are checked (a nest reading its own writes, as a reduction or a scan does, is not); a subscript
-    or write that cannot be enumerated (`element_positions`) leaves that tensor unchecked."""
+    whatever the allocator left in that memory, so its result is luck (and, for an index tensor read in a
+    subscript, its accesses could land anywhere). Only tensors that earlier nests finish are checked (a nest
+    reading its own writes, as a reduction or a scan does, is not); a subscript or write that cannot be
+    enumerated (`element_positions`), or a tensor over MASK_LIMIT elements, leaves that tensor unchecked."""
     found = []
     written: dict[str, np.ndarray | None] = {}  # intermediate -> which elements earlier nests wrote
+    complete: set[str] = set()  # intermediates an earlier nest writes whole
     for n, nest in enumerate(program.nests):
         own = set(writes(nest))
         for loops, eq in equations(nest):
             bounds = {l.var: l.extent for l in loops}
-            for acc, where in guarded_reads(eq.rhs):
+            for acc, where in guarded_reads(eq.rhs) + [r for i in eq.lhs.indices for r in guarded_reads(i)]:
                 done = written.get(acc.name)
-                if acc.name in own or done is None:
+                if acc.name in own or acc.name in complete or done is None:
                     continue
                 wanted = element_positions(acc.indices, done.shape, bounds, where=where)
                 if wanted is not None and not done.ravel()[wanted].all():
@@ -152,9 +164,12 @@ def unwritten_reads(program) -> list[tuple[int, Access]]:
             name = eq.lhs.name
             if name in program.signature and program.signature[name].role != "output":
                 continue
-            shape = program.tensors[name].shape
-            positions = element_positions(eq.lhs.indices, shape, {l.var: l.extent for l in loops})
-            if positions is None or (name in written and written[name] is None):
+            shape, bounds = program.tensors[name].shape, {l.var: l.extent for l in loops}
+            if writes_every_element(eq.lhs, bounds, shape):
+                complete.add(name)
+                continue
+            positions = element_positions(eq.lhs.indices, shape, bounds)
+            if positions is None or math.prod(shape) > MASK_LIMIT or (name in written and written[name] is None):
                 written[name] = None
                 continue
             mask = written.setdefault(name, np.zeros(shape, dtype=bool))
