@@ -139,41 +139,51 @@ def guarded_reads(expr: Expr, where: tuple[tuple[Expr, bool], ...] = ()) -> list
     return [found for child in children(expr) for found in guarded_reads(child, where)]
 
 
+def written_elements(program, name: str, before: int) -> np.ndarray | bool | None:
+    """Which elements of tensor `name` the nests before `before` write: True when one of them writes it
+    whole (`writes_every_element`), else a boolean mask of its shape; None where a write cannot be
+    enumerated (`element_positions`) or the tensor has more than MASK_LIMIT elements."""
+    shape = program.tensors[name].shape
+    writes_ = [(eq.lhs, {l.var: l.extent for l in loops}) for nest in program.nests[:before]
+               for loops, eq in equations(nest) if eq.lhs.name == name]
+    if any(writes_every_element(lhs, bounds, shape) for lhs, bounds in writes_):
+        return True
+    if math.prod(shape) > MASK_LIMIT:
+        return None
+    mask = np.zeros(shape, dtype=bool)
+    for lhs, bounds in writes_:
+        positions = element_positions(lhs.indices, shape, bounds)
+        if positions is None:
+            return None
+        mask.ravel()[positions] = True
+    return mask
+
+
 def unwritten_reads(program) -> list[tuple[int, Access]]:
     """(nest, access) of every read of an intermediate at elements that no earlier nest wrote, where the
     read is not excluded by an if_then_else condition on loop variables: the kernel would compute with
     whatever the allocator left in that memory, so its result is luck (and, for an index tensor read in a
-    subscript, its accesses could land anywhere). Only tensors that earlier nests finish are checked (a nest
-    reading its own writes, as a reduction or a scan does, is not); a subscript or write that cannot be
-    enumerated (`element_positions`), or a tensor over MASK_LIMIT elements, leaves that tensor unchecked."""
+    subscript, its accesses could land anywhere). Only tensors that earlier nests write are checked (a nest
+    reading its own writes, as a reduction or a scan does, is not); writes that `written_elements` cannot
+    track leave that tensor unchecked."""
     found = []
-    written: dict[str, np.ndarray | None] = {}  # intermediate -> which elements earlier nests wrote
-    complete: set[str] = set()  # intermediates an earlier nest writes whole
     for n, nest in enumerate(program.nests):
         own = set(writes(nest))
+        known: dict[str, np.ndarray | bool | None] = {}
         for loops, eq in equations(nest):
             bounds = {l.var: l.extent for l in loops}
             for acc, where in guarded_reads(eq.rhs) + [r for i in eq.lhs.indices for r in guarded_reads(i)]:
-                done = written.get(acc.name)
-                if acc.name in own or acc.name in complete or done is None:
+                spec = program.signature[acc.name] if acc.name in program.signature else None
+                if acc.name in own or (spec is not None and spec.role != "output"):
+                    continue
+                if acc.name not in known:
+                    known[acc.name] = written_elements(program, acc.name, n)
+                done = known[acc.name]
+                if done is True or done is None or not done.any():
                     continue
                 wanted = element_positions(acc.indices, done.shape, bounds, where=where)
                 if wanted is not None and not done.ravel()[wanted].all():
                     found.append((n, acc))
-        for loops, eq in equations(nest):
-            name = eq.lhs.name
-            if name in program.signature and program.signature[name].role != "output":
-                continue
-            shape, bounds = program.tensors[name].shape, {l.var: l.extent for l in loops}
-            if writes_every_element(eq.lhs, bounds, shape):
-                complete.add(name)
-                continue
-            positions = element_positions(eq.lhs.indices, shape, bounds)
-            if positions is None or math.prod(shape) > MASK_LIMIT or (name in written and written[name] is None):
-                written[name] = None
-                continue
-            mask = written.setdefault(name, np.zeros(shape, dtype=bool))
-            mask.ravel()[positions] = True
     return found
 
 

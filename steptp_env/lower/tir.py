@@ -136,8 +136,8 @@ class _FunctionBuilder:
         del self.iter_vars[loop.var]
 
     def _wrap_split(self, nest: Nest, depth: int) -> int | None:
-        """m where the innermost serial loop v of a flat nest appears in subscripts only wrapped as `(..v..) % m`
-        with m dividing v's extent but smaller: LLVM 22's loop vectorizer (inside TVM 0.27) turns
+        """m where a subscript wraps the innermost serial loop v of a flat nest as `(..v..) % m`, with m dividing
+        v's extent but smaller (one such m in the nest): LLVM 22's loop vectorizer (inside TVM 0.27) turns
         `X[v % 32] = ...` over 64 iterations into contiguous stores of 64 elements, writing past the buffer
         (tests/test_lower.py). The loop is emitted as v_outer x m so that the subscript simplifies to the
         inner variable; the iterations run in the same order. None where that does not apply."""

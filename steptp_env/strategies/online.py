@@ -19,11 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..errors import IllegalActionError
-from ..ir.analysis import (MASK_LIMIT, element_positions, index_range, reads, reduction, reduction_identity,
-                           writes, writes_every_element)
+from ..ir.analysis import (element_positions, index_range, reads, reduction, reduction_identity, writes,
+                           written_elements)
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Nest, Statement, Var, accesses,
                       children, equations, free_vars, map_children, replace_accesses, walk)
 from ..ir.dtypes import is_float
@@ -949,23 +947,12 @@ def _available(program: Program, read: Access, index: int, bounds: dict[str, int
 
 def _written_before(program: Program, read: Access, index: int, bounds: dict[str, int], shift: int) -> bool:
     """True when nests before `index` write every element `read` names inside loops `bounds` (with `shift`,
-    the predecessor along the last subscript, where one exists): one of them writes the whole tensor, or
-    the elements are enumerated; False where they cannot be, or the tensor is too large to track."""
-    shape = program.tensors[read.name].shape
-    earlier = [(eq.lhs, bounds_of(loops)) for nest in program.nests[:index] for loops, eq in equations(nest)
-               if eq.lhs.name == read.name]
-    if any(writes_every_element(lhs, extents, shape) for lhs, extents in earlier):
-        return True
-    wanted = element_positions(read.indices, shape, bounds, -shift)
-    if wanted is None or math.prod(shape) > MASK_LIMIT:
-        return False
-    done = np.zeros(shape, dtype=bool).ravel()
-    for lhs, extents in earlier:
-        positions = element_positions(lhs.indices, shape, extents)
-        if positions is None:
-            return False
-        done[positions] = True
-    return bool(done[wanted].all())
+    the predecessor along the last subscript, where one exists); False where that cannot be shown."""
+    done = written_elements(program, read.name, index)
+    if done is True or done is None:
+        return bool(done)
+    wanted = element_positions(read.indices, done.shape, bounds, -shift)
+    return wanted is not None and bool(done.ravel()[wanted].all())
 
 
 def _disjoint(one: Access, one_bounds: dict[str, int], two: Access, two_bounds: dict[str, int]) -> bool:
