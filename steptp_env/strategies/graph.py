@@ -25,8 +25,8 @@ from .base import Action, Strategy, register
 from .graph_util import (MAX_THREADS, Path, affine_in, bounds_of, compute_nest, describe_loops, exact_index_value,
                          flat_equations, float_valued, in_bounds, injective_subscript, is_compound,
                          loops_with_extent, map_equation, map_nest_with_loops, mentions, nest_accesses, node_at,
-                         replace_at, safe_everywhere, same_iteration_conflict, shift_var, substitute, trip_count,
-                         under_branch, unique_value_subscripts, value_accesses, value_paths, with_scope)
+                         ranges_apart, replace_at, safe_everywhere, same_iteration_conflict, shift_var, substitute,
+                         trip_count, under_branch, unique_value_subscripts, value_accesses, value_paths, with_scope)
 from .util import fresh_tensor, nest_at
 
 SCOPE_NAMES = {"g": "global memory", "s": "shared memory", "l": "local memory (registers)"}
@@ -528,15 +528,10 @@ class ExpressionSplitting(Strategy):
 def _disjoint_writes(first: Nest, second: Nest, name: str) -> bool:
     """True when the two nests write provably different elements of `name` (some dimension's ranges do
     not overlap)."""
-    def spans(nest: Nest) -> list[list[tuple[int, int] | None]]:
-        return [[index_range(i, bounds_of(loops)) for i in eq.lhs.indices]
-                for loops, eq in equations(nest) if eq.lhs.name == name]
+    def writes_(nest: Nest) -> list[tuple[Access, dict[str, int]]]:
+        return [(eq.lhs, bounds_of(loops)) for loops, eq in equations(nest) if eq.lhs.name == name]
 
-    for one in spans(first):
-        for two in spans(second):
-            if not any(a is not None and b is not None and (a[1] < b[0] or b[1] < a[0]) for a, b in zip(one, two)):
-                return False
-    return True
+    return all(ranges_apart(*one, *two) for one in writes_(first) for two in writes_(second))
 
 
 @register
@@ -895,11 +890,11 @@ def _halves_apart(one: Access, first: tuple[Loop, ...], second: tuple[Loop, ...]
     where neither works."""
     bounds1, bounds2 = bounds_of(first), bounds_of(second)
     shifted = _shift_access(one, var, bounds1[var])
+    if ranges_apart(one, bounds1, shifted, bounds2):
+        return True
     ranges = [(index_range(a, bounds1), index_range(b, bounds2)) for a, b in zip(one.indices, shifted.indices)]
     if any(r is None or r[0] < 0 for pair in ranges for r in pair):
         return False
-    if any(r1[1] < r2[0] or r2[1] < r1[0] for r1, r2 in ranges):
-        return True
     shape = tuple(max(r1[1], r2[1]) + 1 for r1, r2 in ranges)
     halves = element_positions(one.indices, shape, bounds1), element_positions(shifted.indices, shape, bounds2)
     return halves[0] is not None and halves[1] is not None and not np.isin(halves[1], halves[0]).any()

@@ -328,6 +328,16 @@ def exact_index_value(expr: Expr, dtype: str, bounds: Mapping[str, int]) -> bool
     return span is not None and -limit <= span[0] and span[1] <= limit
 
 
+def ranges_apart(one: Access, one_bounds: Mapping[str, int], two: Access, two_bounds: Mapping[str, int]) -> bool:
+    """True when some dimension's index ranges of the two accesses do not overlap (`D_{0,...}` and
+    `D_{1,...}`): they name different elements."""
+    for a, b in zip(one.indices, two.indices):
+        ra, rb = index_range(a, one_bounds), index_range(b, two_bounds)
+        if ra is not None and rb is not None and (ra[1] < rb[0] or rb[1] < ra[0]):
+            return True
+    return False
+
+
 def in_bounds(program: Program, access: Access, bounds: Mapping[str, int]) -> bool:
     """True when the access stays inside its tensor for every value of the loop variables."""
     shape = program.tensors[access.name].shape

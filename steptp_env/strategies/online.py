@@ -20,16 +20,15 @@ import math
 from dataclasses import dataclass, replace
 
 from ..errors import IllegalActionError
-from ..ir.analysis import (element_positions, index_range, reads, reduction, reduction_identity, writes,
-                           written_elements)
+from ..ir.analysis import element_positions, reads, reduction, reduction_identity, writes, written_elements
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Nest, Statement, Var, accesses,
                       children, equations, free_vars, map_children, replace_accesses, walk)
 from ..ir.dtypes import is_float
 from ..ir.printer import print_expr
 from ..ir.program import Program
 from .base import Action, Strategy, register
-from .graph_util import (bounds_of, describe_loops, flat_equations, in_bounds, loops_with_extent, node_at, replace_at,
-                         substitute, trip_count, value_dtype, value_paths)
+from .graph_util import (bounds_of, describe_loops, flat_equations, in_bounds, loops_with_extent, node_at, ranges_apart,
+                         replace_at, substitute, trip_count, value_dtype, value_paths)
 from .online_util import (FINITE, MINUS_INF, NONZERO_FINITE, POS_INF, ValueFacts, extended, finite_guard, lagged,
                           positional_renaming, rename_vars, scan_dim, single_equation)
 from .util import fresh_loop_var, fresh_tensor, nest_at
@@ -936,7 +935,7 @@ def _available(program: Program, read: Access, index: int, bounds: dict[str, int
                  if eq.lhs.indices == read.indices and all(bounds_of(loops).get(v, 0) >= bounds[v] for v in used)),
                 None)
     if not (writers and max(writers) < index) and not (
-            same is not None and all(_disjoint(other.lhs, bounds_of(around), read, bounds)
+            same is not None and all(ranges_apart(other.lhs, bounds_of(around), read, bounds)
                                      for w in writers if same < w <= index
                                      for around, other in equations(program.nests[w]) if other.lhs.name == name)):
         return False
@@ -953,15 +952,6 @@ def _written_before(program: Program, read: Access, index: int, bounds: dict[str
         return bool(done)
     wanted = element_positions(read.indices, done.shape, bounds, -shift)
     return wanted is not None and bool(done.ravel()[wanted].all())
-
-
-def _disjoint(one: Access, one_bounds: dict[str, int], two: Access, two_bounds: dict[str, int]) -> bool:
-    """True when some dimension's index ranges do not overlap (`D_{0,...}` and `D_{1,...}`)."""
-    for a, b in zip(one.indices, two.indices):
-        ra, rb = index_range(a, one_bounds), index_range(b, two_bounds)
-        if ra is not None and rb is not None and (ra[1] < rb[0] or rb[1] < ra[0]):
-            return True
-    return False
 
 
 def _diff_path(one: Expr, two: Expr) -> tuple[int, ...]:
