@@ -88,3 +88,65 @@ def test_a_wrapping_subscript_on_the_innermost_loop_stays_inside_its_buffer(subs
     assert np.isnan(out.numpy()[:, 32:]).all()  # nothing written past the elements the subscript names
     modulus = int(subscript.rsplit("%", 1)[1])
     assert np.array_equal(out.numpy()[:, :modulus], source[:, :modulus])
+
+
+def _blocks(stmt, loops=()):
+    """(block name, loop vars around it, whether it has a T.init()) for every block of a lowered body."""
+    import tvm
+
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return [b for s in stmt.seq for b in _blocks(s, loops)]
+    if isinstance(stmt, tvm.tirx.For):
+        return _blocks(stmt.body, loops + (stmt.loop_var.name,))
+    if isinstance(stmt, tvm.s_tir.SBlockRealize):
+        block = stmt.block
+        return [(block.name_hint, loops, block.init is not None)] + _blocks(block.body, loops)
+    body = getattr(stmt, "body", None)
+    return _blocks(body, loops) if body is not None else []
+
+
+REDUCTIONS = {
+    # name: (program, signature)
+    "matmul, a spatial loop inside the reduced one": (
+        "L^{4}_{a=0}L^{3}_{d=0}L^{5}_{c=0}[C^{f32,g}_{a,c}=C^{f32,g}_{a,c}+A^{f32,g}_{a,d}*B^{f32,g}_{d,c};];",
+        [{"name": "A", "shape": [4, 3], "dtype": "float32"}, {"name": "B", "shape": [3, 5], "dtype": "float32"},
+         {"name": "C", "shape": [4, 5], "dtype": "float32", "role": "output"}]),
+    "row maximum, int32": (
+        "L^{4}_{a=0}L^{6}_{d=0}[M^{i32,g}_{a}=max(M^{i32,g}_{a},A^{i32,g}_{a,d});];",
+        [{"name": "A", "shape": [4, 6], "dtype": "int32"}, {"name": "M", "shape": [4], "dtype": "int32",
+                                                           "role": "output"}]),
+    "product, reduced loop of an outer nest": (
+        "L^{3}_{d=0}[L^{4}_{a=0}[P^{f64,g}_{a}=P^{f64,g}_{a}*A^{f64,g}_{a,d};];];",
+        [{"name": "A", "shape": [4, 3], "dtype": "float64"}, {"name": "P", "shape": [4], "dtype": "float64",
+                                                             "role": "output"}]),
+    "sum beside an elementwise equation, wrapped subscript": (
+        "L^{2}_{d=0}L^{8}_{c=0}[S^{f32,g}_{c%4}=S^{f32,g}_{c%4}+A^{f32,g}_{d,c};T^{f32,g}_{d,c}=A^{f32,g}_{d,c}*2;];",
+        [{"name": "A", "shape": [2, 8], "dtype": "float32"}, {"name": "S", "shape": [4], "dtype": "float32",
+                                                             "role": "output"},
+         {"name": "T", "shape": [2, 8], "dtype": "float32", "role": "output"}]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REDUCTIONS))
+def test_reductions_are_initialised_before_their_outermost_reduced_loop(case):
+    """No reduction keeps its initialisation inside its loops (a `T.init()` becomes `if (d == 0)` in the k
+    loop, which keeps LLVM from holding the accumulator in registers): the lowering emits one init block
+    per reduction, outside every reduced loop, and the results are the interpreter's."""
+    from steptp_env.ir.analysis import reduction
+    from steptp_env.ir.ast import equations
+
+    text, signature = REDUCTIONS[case]
+    program = Program.parse(text, signature)
+    for target in ("llvm", "cuda"):
+        blocks = _blocks(lower(program, target)["main"].body)
+        assert not any(has_init for _, _, has_init in blocks), target
+        reduced = {v for nest in program.nests for loops, eq in equations(nest)
+                   if (red := reduction(loops, eq)) for v in red.reduced_vars}
+        inits = [(name, loops) for name, loops, _ in blocks if name.endswith("_init")]
+        assert inits and all(not reduced & set(loops) for _, loops in inits), (target, inits)
+    inputs = random_inputs(program, 0)
+    expected = interpret(program, inputs)
+    got = build(program)(inputs)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, err_msg=name)
+

@@ -3,17 +3,19 @@
 One PrimFunc `main` per program: signature tensors are its parameters in signature order, intermediates
 are buffers allocated at the root. Every equation becomes one `sblock` under the loops that enclose it;
 a block iter var is spatial when the target's subscript mentions it and reduce otherwise. The
-semantics implemented here are those of docs/leir.md: reductions start from their identity through
-`T.init()` (whatever the subscript looks like), fresh accumulations read the identity instead of the
-stored value, and lagging reads of a scan's own target are guarded so that the first element reads
+semantics implemented here are those of docs/leir.md: reductions start from their identity, stored by
+a block of its own placed before the outermost reduced loop (whatever the subscript looks like; never
+`T.init()`, which leaves a test of the reduction variables inside the loop), fresh accumulations read
+the identity instead of the stored value, and lagging reads of a scan's own target are guarded so that the first element reads
 the identity. Building objects directly costs about a millisecond, against tens of milliseconds for
 printing and re-parsing TVMScript (numbers in docs/lowering.md).
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterator, Union
 
 import tvm
 from tvm import tirx
@@ -24,7 +26,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import LoweringError
 from ..ir.analysis import accumulation, index_range, reduction, reduction_identity, scan_operator
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
-                      free_vars, walk)
+                      equations, free_vars, walk)
 from ..ir.dtypes import float_rank, is_float
 from ..ir.program import Program
 
@@ -119,40 +121,69 @@ class _FunctionBuilder:
                 else:
                     self._equation(n, counter, loops, stmt)
             return
-        loop = nest.loops[depth]
-        split = self._wrap_split(nest, depth)
+        self._initialisations(n, nest, outer, depth)
+        innermost = depth == len(nest.loops) - 1 and not any(isinstance(s, Nest) for s in nest.body)
+        wrapped = [acc for eq in nest.body for acc in (eq.lhs, *accesses(eq.rhs))] if innermost else []
+        with self._loop(nest.loops[depth], loops, wrapped):
+            self._loops(n, nest, outer, depth + 1, counter)
+
+    @contextmanager
+    def _loop(self, loop: Loop, enclosing: tuple[Loop, ...], wrapped: list[Access]) -> Iterator[None]:
+        """Open `loop` and bind its variable. Where `wrapped` (the accesses of a flat nest's innermost loop)
+        wraps it as `(..v..) % m`, with m dividing v's extent but smaller (one such m), the loop is emitted
+        as v_outer x m so that the subscript simplifies to the inner variable; the iterations run in the
+        same order. LLVM 22's loop vectorizer (inside TVM 0.27) turns `X[v % 32] = ...` over 64 iterations
+        into contiguous stores of 64 elements, writing past the buffer (tests/test_lower.py)."""
+        split = _wrap_modulus(loop, wrapped) if self.kind == "llvm" and loop.kind == "L" else None
         if split:
-            with self._for(Loop(loop.kind, loop.extent // split, loop.var), loops) as var:
+            with self._for(Loop(loop.kind, loop.extent // split, loop.var), enclosing) as var:
                 IRBuilder.name(loop.var, var)
                 with T.serial(0, split) as inner:
                     IRBuilder.name(f"{loop.var}_in", inner)
                     self.iter_vars[loop.var] = var * split + inner
-                    self._loops(n, nest, outer, depth + 1, counter)
+                    yield
         else:
-            with self._for(loop, loops) as var:
+            with self._for(loop, enclosing) as var:
                 IRBuilder.name(loop.var, var)
                 self.iter_vars[loop.var] = var
-                self._loops(n, nest, outer, depth + 1, counter)
+                yield
         del self.iter_vars[loop.var]
 
-    def _wrap_split(self, nest: Nest, depth: int) -> int | None:
-        """m where a subscript wraps the innermost serial loop v of a flat nest as `(..v..) % m`, with m dividing
-        v's extent but smaller (one such m in the nest): LLVM 22's loop vectorizer (inside TVM 0.27) turns
-        `X[v % 32] = ...` over 64 iterations into contiguous stores of 64 elements, writing past the buffer
-        (tests/test_lower.py). The loop is emitted as v_outer x m so that the subscript simplifies to the
-        inner variable; the iterations run in the same order. None where that does not apply."""
-        loop = nest.loops[depth]
-        if self.kind != "llvm" or loop.kind != "L" or depth != len(nest.loops) - 1 or \
-                any(isinstance(s, Nest) for s in nest.body):
-            return None
-        moduli = {node.rhs.value for eq in nest.body for acc in (eq.lhs, *accesses(eq.rhs))
-                  for index in acc.indices for node in walk(index)
-                  if isinstance(node, BinOp) and node.op == "%" and isinstance(node.rhs, Const) and node.rhs.is_int
-                  and loop.var in free_vars(node.lhs)}
-        if len(moduli) != 1:
-            return None
-        m = moduli.pop()
-        return m if 1 < m < loop.extent and loop.extent % m == 0 else None
+    def _initialisations(self, n: int, nest: Nest, outer: tuple[Loop, ...], depth: int) -> None:
+        """Emit, just before loop `nest.loops[depth]`, the initialisation of every reduction below it whose
+        outermost reduced loop it is: a block of its own that stores the identity into the elements the
+        reduction writes, under copies of the loops between here and the reduction that its subscript uses.
+        The reduction's block then holds only the update, so LLVM sees no `if (k == 0)` inside the reduction
+        loop and can keep the accumulator in registers (what TIR's `decompose_reduction` does;
+        docs/lowering.md). Every loop outside this one is a variable of the subscript (this is the outermost
+        reduced loop), so each element starts from the identity where `T.init()` would have started it."""
+        enclosing = outer + nest.loops[:depth]
+        here = nest.loops[depth].var
+        for loops, eq in equations(nest, outer):
+            red = reduction(loops, eq)
+            if red is None or red.reduced_vars[0] != here:
+                continue
+            subscript_vars = {v for index in eq.lhs.indices for v in free_vars(index)}
+            copies = tuple(l for l in loops[len(enclosing):] if l.var in subscript_vars)
+            self._initialisation(n, eq, enclosing, copies, red.op)
+
+    def _initialisation(self, n: int, eq: Equation, enclosing: tuple[Loop, ...], copies: tuple[Loop, ...],
+                        op: str) -> None:
+        if copies:
+            with self._loop(copies[0], enclosing, [eq.lhs] if len(copies) == 1 else []):
+                self._initialisation(n, eq, enclosing + copies[:1], copies[1:], op)
+            return
+        target = self.buffers[eq.lhs.name]
+        with T.sblock(f"{eq.lhs.name}_n{n}_init"):
+            saved = dict(self.iter_vars)
+            for loop in enclosing:
+                v = T.axis.spatial(loop.extent, self.iter_vars[loop.var])
+                IRBuilder.name(f"v_{loop.var}", v)
+                self.iter_vars[loop.var] = v
+            lowering = _ExprLowering(self, eq, enclosing, None, False)
+            identity = lowering.typed(_Lit(reduction_identity(op, target.dtype)), target.dtype)
+            T.buffer_store(target, identity, [lowering.index(i) for i in eq.lhs.indices])
+            self.iter_vars = saved
 
     def _for(self, loop: Loop, enclosing: tuple[Loop, ...]):
         kind = loop.kind
@@ -196,13 +227,22 @@ class _FunctionBuilder:
                 self.iter_vars[loop.var] = v
             lowering = _ExprLowering(self, eq, loops, identity, fresh)
             indices = [lowering.index(i) for i in eq.lhs.indices]
-            if red is not None:
-                with T.init():
-                    T.buffer_store(target, lowering.typed(_Lit(identity), target.dtype), indices)
             value = lowering.typed(lowering.value(eq.rhs), target.dtype)
             T.buffer_store(target, value, indices)
             self.iter_vars = saved
         self.written.add(eq.lhs.name)
+
+
+def _wrap_modulus(loop: Loop, wrapped: list[Access]) -> int | None:
+    """m where the subscripts of `wrapped` wrap `loop`'s variable as `(..v..) % m` (one such m), with m
+    dividing the loop's extent but smaller; else None."""
+    moduli = {node.rhs.value for acc in wrapped for index in acc.indices for node in walk(index)
+              if isinstance(node, BinOp) and node.op == "%" and isinstance(node.rhs, Const) and node.rhs.is_int
+              and loop.var in free_vars(node.lhs)}
+    if len(moduli) != 1:
+        return None
+    m = moduli.pop()
+    return m if 1 < m < loop.extent and loop.extent % m == 0 else None
 
 
 def _dt(expr: PrimExpr) -> str:
