@@ -29,10 +29,16 @@ from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, 
                       equations, free_vars, walk)
 from ..ir.dtypes import float_rank, is_float
 from ..ir.program import Program
+from . import vector_math
 
 GPU_AXES = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
             "bx": "blockIdx.x", "by": "blockIdx.y", "bz": "blockIdx.z"}
 """Prefix of a `B` loop's variable name -> the CUDA axis it binds (`tx`, `bxc`, `tya`, ...)."""
+
+LOWERING_VERSION = "2"
+"""Changes whenever the code a program lowers to changes, and is stored with every measurement (1: `T.init()`
+reductions and libm math; 2: reductions initialised before their loops, float32 exp/log/erf from
+`vector_math`). Store keys hash the lowered module itself, so no runtime is ever reused across versions."""
 
 LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
 """On CPU a `local` intermediate lives on the stack; larger ones stay global so deep copies cannot
@@ -450,7 +456,10 @@ class _ExprLowering:
             return tirx.max(a, b) if f == "max" else tirx.min(a, b)
         if f == "abs":
             return tirx.abs(self.materialize(args[0]))
-        return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](self.as_float(args[0]))
+        x = self.as_float(args[0])
+        if f in vector_math.FUNCTIONS and _dt(x) == "float32":
+            return vector_math.vector_call(f, x)
+        return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](x)
 
 
 def _fold(op: str, *values):

@@ -105,8 +105,10 @@ def versions() -> dict[str, str]:
     import tvm
 
     from .. import __version__
+    from ..lower import LOWERING_VERSION
 
-    return {"steptp_env": __version__, "tvm": tvm.__version__, "torch": torch.__version__, "numpy": numpy.__version__}
+    return {"steptp_env": __version__, "lowering": LOWERING_VERSION, "tvm": tvm.__version__,
+            "torch": torch.__version__, "numpy": numpy.__version__}
 
 
 _WORKERS: dict[tuple[int, int], MeasureWorker] = {}

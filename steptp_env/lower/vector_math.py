@@ -1,0 +1,116 @@
+"""float32 exp, log and erf as plain TIR arithmetic, so that LLVM can vectorise the loops that use them.
+
+TVM lowers `tirx.exp` on the CPU to LLVM's `llvm.exp.f32`, which becomes one call to libm's `expf` per
+element: a `V^{16}` loop over exp compiled to 16 scalar calls with shuffles around them
+(../shared/notes/performance.md). The functions here compute the same values from floor, multiply-add,
+integer shifts and bit reinterpretation, all of which have vector instructions, and choose between
+branches with `Select` (both sides computed, no control flow), so a loop over them vectorises like a
+loop over additions.
+
+Accuracy (tests/test_vector_math.py, against NumPy's float64 results rounded to float32, on every
+exponent range and the special values): exp and log within 2 ulp over their whole domains, erf within
+3e-7 absolute and 3 ulp where |x| < 0.5. That is far inside the float32 floor of the verification
+tolerance (1e-5 relative, measure/tolerance.py). Special values follow IEEE/libm: exp(+inf)=inf,
+exp(-inf)=0, log(0)=-inf, log(x<0)=NaN, log(inf)=inf, erf(+-inf)=+-1, NaN in gives NaN out; results
+that fall into the subnormal range are computed, not flushed.
+
+The method is the textbook one (Cody and Waite range reduction, polynomial on the reduced argument,
+scaling by a power of two built in the exponent bits); the polynomial coefficients of exp and log are
+the published Cephes single-precision ones, erf uses its Maclaurin series near zero and the Chebyshev
+fit of erfc (fractional error below 1.2e-7) elsewhere.
+"""
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.ir.expr import Expr as PrimExpr
+
+FUNCTIONS = ("exp", "log", "erf")
+
+_LN2_HI = 0.693359375  # ln 2 split so that n * _LN2_HI is exact for the n that occur
+_LN2_LO = -2.12194440e-4
+_EXP_MAX = 88.72283905206835  # above it expf overflows
+_EXP_MIN = -104.0  # below it expf rounds to 0 (the smallest subnormal is exp(-103.28))
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)
+_LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+             -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_ERFC_POLY = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+              0.37409196, 1.00002368, -1.26551223)
+_ERF_SMALL = 0.5  # below it erf's series, above it 1 - erfc
+_ERF_SERIES = tuple(2 / math.sqrt(math.pi) * (-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in range(7))
+
+
+def _f(value: float) -> PrimExpr:
+    return tirx.FloatImm("float32", value)
+
+
+def _i(value: int) -> PrimExpr:
+    return tirx.IntImm("int32", value)
+
+
+def _horner(x: PrimExpr, coefficients: tuple[float, ...]) -> PrimExpr:
+    """c0*x^(k-1) + ... + c(k-1), highest power first."""
+    result = _f(coefficients[0])
+    for c in coefficients[1:]:
+        result = result * x + _f(c)
+    return result
+
+
+def _times_power_of_two(x: PrimExpr, n: PrimExpr) -> PrimExpr:
+    """x * 2**n for int32 n in [-252, 254], by two factors that are each a normal float32, applied one after
+    the other (2**128 alone would overflow where x * 2**128 does not)."""
+    half = tirx.shift_right(n, _i(1))
+    first = tirx.reinterpret("float32", tirx.shift_left(half + _i(127), _i(23)))
+    second = tirx.reinterpret("float32", tirx.shift_left(n - half + _i(127), _i(23)))
+    return x * first * second
+
+
+def exp_f32(x: PrimExpr) -> PrimExpr:
+    """exp(x) for float32 x: x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, times 2**n."""
+    clamped = tirx.min(tirx.max(x, _f(_EXP_MIN)), _f(_EXP_MAX))
+    n = tirx.floor(clamped * _f(1 / math.log(2)) + _f(0.5))
+    r = clamped - n * _f(_LN2_HI) - n * _f(_LN2_LO)
+    poly = _horner(r, _EXP_POLY) * (r * r) + r + _f(1.0)
+    value = _times_power_of_two(poly, tirx.Cast("int32", n))
+    value = tirx.Select(x > _f(_EXP_MAX), _f(math.inf), value)
+    return tirx.Select(tirx.isnan(x), x, value)
+
+
+def log_f32(x: PrimExpr) -> PrimExpr:
+    """log(x) for float32 x: x = m 2**e with m in [sqrt(1/2), sqrt(2)), log(1 + f) by a polynomial in f = m-1,
+    plus e ln2. Subnormal x are scaled by 2**23 first."""
+    subnormal = x < _f(1.1754943508222875e-38)
+    scaled = tirx.Select(subnormal, x * _f(8388608.0), x)
+    bits = tirx.reinterpret("int32", scaled)
+    exponent = tirx.bitwise_and(tirx.shift_right(bits, _i(23)), _i(0xFF)) - _i(126)
+    exponent = exponent - tirx.Select(subnormal, _i(23), _i(0))
+    mantissa = tirx.reinterpret("float32", tirx.bitwise_or(tirx.bitwise_and(bits, _i(0x007FFFFF)), _i(0x3F000000)))
+    below = mantissa < _f(math.sqrt(0.5))
+    e = tirx.Cast("float32", exponent - tirx.Select(below, _i(1), _i(0)))
+    f = tirx.Select(below, mantissa + mantissa - _f(1.0), mantissa - _f(1.0))
+    z = f * f
+    y = _horner(f, _LOG_POLY) * f * z + e * _f(_LN2_LO) - _f(0.5) * z
+    value = f + y + e * _f(_LN2_HI)
+    value = tirx.Select(x == _f(0.0), _f(-math.inf), value)
+    value = tirx.Select(x < _f(0.0), _f(math.nan), value)
+    value = tirx.Select(x == _f(math.inf), x, value)
+    return tirx.Select(tirx.isnan(x), x, value)
+
+
+def erf_f32(x: PrimExpr) -> PrimExpr:
+    """erf(x) for float32 x: the odd Maclaurin series where |x| < 0.5 (relative accuracy near 0), else
+    sign(x) (1 - erfc|x|) with erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2)."""
+    z = tirx.abs(x)
+    series = x * _horner(x * x, _ERF_SERIES[::-1])
+    t = _f(1.0) / (_f(1.0) + _f(0.5) * z)
+    erfc = t * exp_f32(_horner(t, _ERFC_POLY) - z * z)
+    tail = _f(1.0) - erfc
+    value = tirx.Select(z < _f(_ERF_SMALL), series, tirx.Select(x < _f(0.0), -tail, tail))
+    return tirx.Select(tirx.isnan(x), x, value)
+
+
+def vector_call(func: str, x: PrimExpr) -> PrimExpr:
+    """The vectorisable form of `func` (one of FUNCTIONS) applied to float32 `x`."""
+    return {"exp": exp_f32, "log": log_f32, "erf": erf_f32}[func](x)

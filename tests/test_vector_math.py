@@ -1,0 +1,80 @@
+"""float32 exp, log and erf lowered as vectorisable arithmetic (steptp_env/lower/vector_math.py): accuracy
+over each function's whole float32 domain, IEEE special values, and no libm call left in a vector loop."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from steptp_env import Program, build
+
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e-45, 1.1754944e-38, 88.72, 88.73, -103.9,
+                    -104.5, 0.5, -0.5, 1.0, 1e-8, -1e-8], dtype=np.float32)
+
+
+def _apply(func: str, xs: np.ndarray) -> tuple[np.ndarray, str]:
+    """func over xs in a `V^{16}` loop: (results, the kernel's assembly)."""
+    signature = [{"name": "A", "shape": [xs.size], "dtype": "float32"},
+                 {"name": "C", "shape": [xs.size], "dtype": "float32", "role": "output"}]
+    program = Program.parse(f"L^{{{xs.size // 16}}}_{{a=0}}V^{{16}}_{{b=0}}"
+                            f"[C^{{f32,g}}_{{a*16+b}}={func}(A^{{f32,g}}_{{a*16+b}});];", signature)
+    kernel = build(program)
+    return kernel({"A": xs})["C"], kernel.executable.mod.inspect_source("asm")
+
+
+def _inputs(func: str) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    if func == "log":  # every binade from subnormals to the largest finite values
+        xs = np.exp2(rng.uniform(-149, 128, 1 << 18)).astype(np.float32)
+    else:
+        low, high = {"exp": (-110, 90), "erf": (-6, 6)}[func]
+        xs = rng.uniform(low, high, 1 << 18).astype(np.float32)
+    xs[:SPECIAL.size] = SPECIAL
+    return xs
+
+
+def _reference(func: str, xs: np.ndarray) -> np.ndarray:
+    x = xs.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if func == "exp":
+            return np.exp(x)
+        if func == "log":
+            return np.log(x)
+    return np.array([math.erf(v) if not np.isinf(v) else np.sign(v) for v in x])
+
+
+@pytest.mark.parametrize("func", ["exp", "log", "erf"])
+def test_vector_math_is_accurate_and_keeps_special_values(func):
+    xs = _inputs(func)
+    got, asm = _apply(func, xs)
+    exact = _reference(func, xs)
+    with np.errstate(over="ignore"):
+        rounded = exact.astype(np.float32)
+    # NaN and infinities exactly where float32 rounding of the exact result puts them
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(rounded))
+    np.testing.assert_array_equal(got[np.isinf(rounded)], rounded[np.isinf(rounded)])
+    finite = np.isfinite(rounded)
+    assert np.isfinite(got[finite]).all()
+    error = np.abs(got[finite].astype(np.float64) - exact[finite])
+    ulps = error / np.spacing(np.abs(rounded[finite]))
+    if func == "erf":
+        assert error.max() <= 3e-7
+        near_zero = np.abs(xs[finite]) < 0.5
+        assert ulps[near_zero].max() <= 3
+    else:
+        assert ulps.max() <= 2
+    assert f"{func}f" not in asm  # no call to libm's scalar function: the loop is vector code
+
+
+def test_float64_keeps_libm():
+    """Only float32 takes the polynomial forms: float64 programs keep TVM's lowering to libm's exp and log."""
+    signature = [{"name": "A", "shape": [64], "dtype": "float64"},
+                 {"name": "C", "shape": [64], "dtype": "float64", "role": "output"}]
+    program = Program.parse("L^{64}_{a=0}[C^{f64,g}_{a}=exp(A^{f64,g}_{a})+log(A^{f64,g}_{a});];", signature)
+    xs = np.random.default_rng(1).uniform(0.1, 10, 64)
+    kernel = build(program)
+    expected = [math.exp(x) + math.log(x) for x in xs]  # Python's math calls libm
+    np.testing.assert_allclose(kernel({"A": xs})["C"], expected, rtol=1e-15)
+    asm = kernel.executable.mod.inspect_source("asm")
+    assert "exp@" in asm and "log@" in asm
