@@ -3,16 +3,14 @@ length, plus LEIR-level features the TIR view does not show directly (loop kinds
 arithmetic intensity, vectorizable innermost extents)."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-import types
 
 import numpy as np
 
 from ..ir.analysis import loop_iterations, reduction, reduction_length
 from ..ir.ast import BinOp, Call, Var, accesses, all_loops, equations, walk
 from ..ir.program import Program, tensor_bytes
+from ..measure.metaschedule import meta_schedule
 
 FEATURE_VERSION = 1
 PER_STORE = 164
@@ -24,26 +22,18 @@ LEIR_FEATURES = ("nests", "equations", "log_iterations", "log_max_nest_iteration
 SIZE = PER_STORE * len(POOLS) + len(LEIR_FEATURES)
 
 
-def _meta_schedule():
-    """MetaSchedule without its tensor-intrinsic registry: importing that registers every CUDA/ROCm/ARM
-    intrinsic (tens of seconds); feature extraction needs none of them."""
-    if "tvm.s_tir.tensor_intrin" not in sys.modules:
-        spec = importlib.util.find_spec("tvm.s_tir.tensor_intrin")
-        stub = types.ModuleType("tvm.s_tir.tensor_intrin")
-        stub.__path__ = list(spec.submodule_search_locations) if spec else []
-        sys.modules["tvm.s_tir.tensor_intrin"] = stub
-    from tvm.s_tir import meta_schedule
-
-    return meta_schedule
-
-
 _EXTRACTOR = None
 
 
 def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
-    """`PerStoreFeature` rows of the lowered module, pooled (mean, max, sum) to 3 x 164 numbers."""
+    """`PerStoreFeature` rows of the lowered module, pooled (mean, max, sum) to 3 x 164 numbers. The module is
+    lowered with reductions in their `T.init()` form, the form the packaged model's training programs had
+    (FEATURE_VERSION 1): every program now runs with its reductions initialised before their loops, so the
+    two forms map one to one and the features still tell programs apart as before. float32 exp/log/erf
+    are lowered to arithmetic in both forms (LOWERING_VERSION 2), which shifts the arithmetic counts of
+    programs that use them; a model retrained on runtimes of the new lowering learns what both are worth."""
     global _EXTRACTOR
-    ms = _meta_schedule()
+    ms = meta_schedule()
     from tvm.s_tir import Schedule
 
     from ..lower import lower
@@ -51,7 +41,7 @@ def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
 
     if _EXTRACTOR is None:
         _EXTRACTOR = ms.feature_extractor.PerStoreFeature()
-    module = lower(program, target)
+    module = lower(program, target, decompose_reductions=False)
     candidate = ms.MeasureCandidate(Schedule(module), ms.arg_info.ArgInfo.from_prim_func(module["main"]))
     rows = _EXTRACTOR.extract_from(ms.TuneContext(mod=module, target=resolve_target(target)), [candidate])[0]
     rows = rows.numpy()

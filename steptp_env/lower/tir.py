@@ -63,11 +63,15 @@ def target_kind(target: str | tvm.target.Target) -> str:
     return kind
 
 
-def lower(program: Program, target: str | tvm.target.Target = "llvm") -> tvm.IRModule:
-    """Lower a program to an IRModule holding one PrimFunc `main`; deterministic for a given program."""
+def lower(program: Program, target: str | tvm.target.Target = "llvm", decompose_reductions: bool = True
+          ) -> tvm.IRModule:
+    """Lower a program to an IRModule holding one PrimFunc `main`; deterministic for a given program.
+    `decompose_reductions=False` keeps each reduction's initialisation in its block as `T.init()`, the form
+    TVM's schedule rules expect (MetaSchedule decomposes reductions itself); what steptp_env builds and
+    measures is always the decomposed form."""
     kind = target_kind(target)
     try:
-        func = _FunctionBuilder(program, kind).build()
+        func = _FunctionBuilder(program, kind, decompose_reductions).build()
     except LoweringError:
         raise
     except Exception as exc:  # TVM's IR builder raises several error types
@@ -76,9 +80,10 @@ def lower(program: Program, target: str | tvm.target.Target = "llvm") -> tvm.IRM
 
 
 class _FunctionBuilder:
-    def __init__(self, program: Program, kind: str) -> None:
+    def __init__(self, program: Program, kind: str, decompose_reductions: bool = True) -> None:
         self.program = program
         self.kind = kind
+        self.decompose_reductions = decompose_reductions
         self.buffers: dict[str, tirx.Buffer] = {}
         self.iter_vars: dict[str, tirx.Var] = {}
         self.written: set[str] = set()
@@ -127,7 +132,8 @@ class _FunctionBuilder:
                 else:
                     self._equation(n, counter, loops, stmt)
             return
-        self._initialisations(n, nest, outer, depth)
+        if self.decompose_reductions:
+            self._initialisations(n, nest, outer, depth)
         innermost = depth == len(nest.loops) - 1 and not any(isinstance(s, Nest) for s in nest.body)
         wrapped = [acc for eq in nest.body for acc in (eq.lhs, *accesses(eq.rhs))] if innermost else []
         with self._loop(nest.loops[depth], loops, wrapped):
@@ -233,6 +239,9 @@ class _FunctionBuilder:
                 self.iter_vars[loop.var] = v
             lowering = _ExprLowering(self, eq, loops, identity, fresh)
             indices = [lowering.index(i) for i in eq.lhs.indices]
+            if red is not None and not self.decompose_reductions:
+                with T.init():
+                    T.buffer_store(target, lowering.typed(_Lit(identity), target.dtype), indices)
             value = lowering.typed(lowering.value(eq.rhs), target.dtype)
             T.buffer_store(target, value, indices)
             self.iter_vars = saved
