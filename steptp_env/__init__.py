@@ -25,10 +25,12 @@ def _register() -> None:
         import gymnasium
     except ImportError:  # the LEIR core works without it
         return
-    ids = {"steptp_env/StepTP-v0": {}, **{f"steptp_env/StepTP-{m}-v0": {"mode": m} for m in ("measure", "model", "hybrid")}}
-    for env_id, kwargs in ids.items():
-        if env_id not in gymnasium.registry:
-            gymnasium.register(env_id, entry_point="steptp_env.env:StepTPEnv", kwargs=kwargs)
+    modes = ("measure", "model", "hybrid")
+    for version, entry_point in (("v1", "steptp_env.env:StepTPEnv"), ("v0", "steptp_env.env.catalog:retired_catalog")):
+        ids = {f"steptp_env/StepTP-{version}": {}, **{f"steptp_env/StepTP-{m}-{version}": {"mode": m} for m in modes}}
+        for env_id, kwargs in ids.items():
+            if env_id not in gymnasium.registry:
+                gymnasium.register(env_id, entry_point=entry_point, kwargs=kwargs)
 
 
 _register()

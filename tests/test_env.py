@@ -14,6 +14,7 @@ from gymnasium.utils.env_checker import check_env
 import steptp_env  # noqa: F401  (registers the ids)
 from steptp_env import from_torch
 from steptp_env.env import STOP, EnvState, StepTPEnv
+from steptp_env.errors import StepTPError
 from steptp_env.frontend.workload import Workload
 
 TINY = ["level1/matmul", "level1/softmax", "level1/relu", "level1/layer_norm", "level1/sum_over_dim",
@@ -32,11 +33,18 @@ def test_check_env_passes(tmp_path, modes):
 
 
 def test_registered_ids_and_mode_metadata():
-    env = gymnasium.make("steptp_env/StepTP-model-v0", workload="level1/matmul", preset="tiny")
+    env = gymnasium.make("steptp_env/StepTP-model-v1", workload="level1/matmul", preset="tiny")
     assert env.unwrapped.mode == "model" and env.unwrapped.metadata["deterministic"] is True
     env.close()
-    assert gymnasium.spec("steptp_env/StepTP-measure-v0").kwargs == {"mode": "measure"}
+    assert gymnasium.spec("steptp_env/StepTP-measure-v1").kwargs == {"mode": "measure"}
     assert StepTPEnv.__init__.__defaults__  # the plain id takes its mode from the arguments
+
+
+@pytest.mark.parametrize("env_id", ["steptp_env/StepTP-v0", "steptp_env/StepTP-hybrid-v0"])
+def test_retired_v0_ids_refuse_with_the_reason(env_id):
+    """v0 indices meant the first release's menus: a v0 id must not silently give them new meanings."""
+    with pytest.raises(StepTPError, match="StepTP-v1"):
+        gymnasium.make(env_id, workload="level1/matmul", preset="tiny")
 
 
 def test_misuse_raises(tmp_path):
@@ -234,7 +242,7 @@ def _random_masked_actions(masks: np.ndarray, rng: np.random.Generator) -> np.nd
 
 def test_async_vector_env_runs(tmp_path):
     store = str(tmp_path / "shared.sqlite")
-    fns = [lambda u=u: gymnasium.make("steptp_env/StepTP-v0", workload=u, preset="tiny", mode="model", store=store,
+    fns = [lambda u=u: gymnasium.make("steptp_env/StepTP-v1", workload=u, preset="tiny", mode="model", store=store,
                                       max_steps=8) for u in TINY[:4]]
     envs = gymnasium.vector.AsyncVectorEnv(fns)
     obs, _ = envs.reset(seed=0)

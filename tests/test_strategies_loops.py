@@ -111,12 +111,77 @@ def test_menus_respect_the_analysis(programs):
     assert texts("loop_parallelization", "scalar") == []
     assert "loop_parallelization(nest=0, loop=d)" not in texts("loop_parallelization", "matmul")
     # partial sums of X are read: c and d may not swap, a may move around them
-    assert texts("loop_reorder", "partial") == ["loop_reorder(nest=0, order=[c,a,d])",
-                                               "loop_reorder(nest=0, order=[c,d,a])"]
+    assert texts("loop_reorder", "partial") == ["loop_reorder(nest=0, order=[c,d,a])",
+                                               "loop_reorder(nest=0, order=[c,a,d])"]
     assert texts("loop_vectorization", "small") == ["loop_vectorization(nest=0, loop=c)"]
     assert "loop_unrolling(nest=0, loop=c)" in texts("loop_unrolling", "small")
     assert texts("loop_binding", "inner", "cuda") == ["loop_binding(nest=0, loop=c, axis=bx)",
                                                       "loop_binding(nest=0, loop=c, axis=tx)"]
+
+
+MATMUL_64 = ("L^{64}_{a=0}L^{64}_{c=0}L^{64}_{d=0}[D^{f32,g}_{a,c}=D^{f32,g}_{a,c}+A^{f32,g}_{a,d}*C^{f32,g}_{d,c};];",
+             sig(A=((64, 64), "input"), C=((64, 64), "input"), D=((64, 64), "output")))
+
+
+def _verified(program: Program, texts: list[str]) -> None:
+    for text in texts:
+        after = apply_action(program, text)
+        report = verify(after, program, trials=1)
+        assert report.equivalent, f"{text} -> {after.leir}: {report.reason}"
+
+
+def test_tiling_offers_independent_factor_pairs():
+    """Every pair of {4, 8, 16, 32, 64} dividing the extents with at most 1024 points, chosen independently
+    (the first menu zipped two lists: 4x4, 8x8, 16x16 only)."""
+    from steptp_env.strategies.util import MAX_TILE_POINTS, TILE_FACTORS, tile_menu
+
+    assert tile_menu(256, 256) == [(a, b) for a in TILE_FACTORS for b in TILE_FACTORS if a * b <= MAX_TILE_POINTS]
+    assert (4, 64) in tile_menu(256, 256) and (64, 4) in tile_menu(256, 256) and (64, 32) not in tile_menu(256, 256)
+    assert tile_menu(12, 64) == [(4, 4), (4, 8), (4, 16), (4, 32)]
+    assert tile_menu(6, 16) == [(2, 4), (2, 8), (3, 4), (3, 8)]  # no factor of the set divides 6: its divisors
+    program = Program.parse(*MATMUL_64)
+    offered = [a.text for a in REGISTRY["loop_tiling"].candidates(program)]
+    assert "loop_tiling(nest=0, loops=[a,c], factors=[4,32])" in offered
+    assert "loop_tiling(nest=0, loops=[c,d], factors=[32,8])" in offered
+    _verified(program, ["loop_tiling(nest=0, loops=[a,c], factors=[4,32])",
+                        "loop_tiling(nest=0, loops=[c,d], factors=[32,8])"])
+
+
+def test_split_offers_divisors_up_to_64():
+    from steptp_env.strategies.util import factor_menu
+
+    assert factor_menu(256, 8, 64) == [2, 4, 8, 16, 32, 64]
+    assert factor_menu(384, 8, 64) == [2, 4, 8, 12, 16, 24, 32, 64]  # powers of two, then multiples of 4
+    assert factor_menu(7, 8, 64) == []
+    program = Program.parse(*MATMUL_64)
+    offered = [a.text for a in REGISTRY["loop_split"].candidates(program)]
+    assert "loop_split(nest=0, loop=c, factor=32)" in offered and "loop_split(nest=0, loop=d, factor=64)" not in offered
+    _verified(program, ["loop_split(nest=0, loop=c, factor=32)"])
+
+
+def test_unrolling_offers_up_to_64_copies_counting_a_vector_loop_once():
+    signature = sig(A=((32, 64), "input"), C=((32, 64), "output"))
+    program = Program.parse("L^{32}_{a=0}L^{4}_{f=0}V^{16}_{c=0}[C^{f32,g}_{a,f*16+c}=A^{f32,g}_{a,f*16+c}*2;];",
+                            signature)
+    offered = [a.text for a in REGISTRY["loop_unrolling"].candidates(program)]
+    # f: 4 copies of one vector operation; a: 32 x 4 = 128 copies, too many
+    assert offered == ["loop_unrolling(nest=0, loop=f)"]
+    wide = Program.parse("L^{64}_{a=0}V^{64}_{c=0}[C^{f32,g}_{a,c}=A^{f32,g}_{a,c}*2;];",
+                         sig(A=((64, 64), "input"), C=((64, 64), "output")))
+    assert [a.text for a in REGISTRY["loop_unrolling"].candidates(wide)] == ["loop_unrolling(nest=0, loop=a)"]
+    _verified(program, offered)
+    _verified(wide, ["loop_unrolling(nest=0, loop=a)"])
+
+
+def test_reorder_moves_any_loop_to_any_position_in_one_action():
+    """k to the middle of a tiled matmul (`[f,g,a,c,d]` -> `[f,g,d,a,c]`: register tile inside the k loop)
+    took three actions with the first menu's swaps and moves to either end."""
+    program = apply_action(Program.parse(*MATMUL_64), "loop_tiling(nest=0, loops=[a,c], factors=[4,16])")
+    assert program.nests[0].loop_vars == ("f", "g", "a", "c", "d")
+    offered = [a.text for a in REGISTRY["loop_reorder"].candidates(program)]
+    assert "loop_reorder(nest=0, order=[f,g,d,a,c])" in offered
+    assert len(offered) == len(set(offered)) == 16  # (5-1)^2 distinct single moves, all legal here
+    _verified(program, ["loop_reorder(nest=0, order=[f,g,d,a,c])"])
 
 
 def test_dependence_analysis_facts():

@@ -1,4 +1,4 @@
-"""The fixed action catalog of index mode: `Discrete(1 + 43 * SLOTS)`.
+"""The fixed action catalog of index mode: `Discrete(1 + 43 * SLOTS)`, versioned with the environment id.
 
 Index 0 is "stop". Index `1 + s * SLOTS + r` is strategy number `s` of `STRATEGY_NAMES` (the Step-TP
 order, fixed for all time, implemented or not) and rank `r`: the r-th candidate of that strategy in its
@@ -6,6 +6,12 @@ enumeration order, which is the same rule in every state: nests in program order
 then the strategy's parameter menu in its documented order (factors ascending, ...). So an index always
 means the same strategy, and within it "the r-th site/parameter choice". Candidates beyond rank
 `SLOTS - 1` are reachable in text mode only.
+
+The meaning of a rank is the strategies' menus, so a change of menu is a new catalog version and a new
+environment id. v0 (32 slots) had the narrow loop menus of the first release; v1 (64 slots) has independent
+tile pairs, splits up to 64, unrolling up to 64 and "move a loop anywhere" reorders
+(strategies/loops.py). A v0 id is refused with this explanation rather than silently giving its indices
+new meanings.
 """
 from __future__ import annotations
 
@@ -15,11 +21,13 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..errors import StepTPError
 from ..ir.program import Program
 from ..measure import ResultStore
 from ..strategies import REGISTRY, STRATEGY_NAMES, Action, code_digest
 
-SLOTS = 32
+CATALOG_VERSION = "v1"
+SLOTS = 64
 STOP = 0
 GROUPS_CACHE_SIZE = 1024
 _GROUPS: OrderedDict[tuple, dict[str, list[Action]]] = OrderedDict()
@@ -105,3 +113,11 @@ class ActionCatalog:
             start = 1 + STRATEGY_NAMES.index(name) * self.slots
             mask[start:start + min(len(found), self.slots)] = True
         return mask
+
+
+def retired_catalog(**_kwargs) -> None:
+    """Entry point of the StepTP-v0 ids: their indices meant the first release's menus, which are gone."""
+    raise StepTPError(f"the StepTP-v0 action catalog was retired: its indices named the first release's "
+                      f"strategy menus (32 slots), which changed. Use steptp_env/StepTP-{CATALOG_VERSION} (or "
+                      f"-measure/-model/-hybrid-{CATALOG_VERSION}); recorded v0 trajectories replay by action "
+                      f"text (agents.replay), not by index.")

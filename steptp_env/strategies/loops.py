@@ -17,16 +17,22 @@ from ..ir.ast import (And, BinOp, Compare, Const, Equation, Expr, Loop, Neg, Nes
 from ..ir.program import Program
 from .base import Action, Strategy, register
 from .loop_deps import BandDependences, affine, band_dependences
-from .util import factor_menu, fresh_loop_var, nest_at
+from .util import factor_menu, fresh_loop_var, nest_at, tile_menu
 
 GPU_AXES = ("bx", "by", "bz", "tx", "ty", "tz")
 """Bound-loop name prefixes, as the lowering reads them (`bya` is blockIdx.y)."""
 AXIS_LIMITS = {"bx": 2 ** 31 - 1, "by": 65535, "bz": 65535, "tx": 1024, "ty": 1024, "tz": 64}
 MAX_THREADS = 1024
 """CUDA's limit on the threads of one block (product of the threadIdx extents of a nest)."""
-MAX_REORDERS = 8
-MAX_UNROLL = 16
-"""Largest extent `loop_unrolling` offers, and largest number of iterations of the loops inside it."""
+MAX_REORDERS = 32
+"""Most orders `loop_reorder` offers per band (one catalog slot each)."""
+MAX_SPLIT = 64
+SPLITS_PER_LOOP = 8
+"""`loop_split` offers up to SPLITS_PER_LOOP divisors of a loop's extent, none above MAX_SPLIT."""
+MAX_UNROLL = 64
+"""Largest extent `loop_unrolling` offers, and most copies of the innermost body unrolling may make: the
+loop's extent times the iterations of the loops inside it, a vectorized loop counting once (its lanes are
+one vector operation)."""
 MENU_VECTOR = {"llvm": range(2, 65), "cuda": (2, 4)}
 """Extents `loop_vectorization` offers: up to 64 lanes on llvm; on cuda only 2 and 4, the widths its
 lowering vectorizes (it unrolls other V loops)."""
@@ -154,16 +160,17 @@ def _first_difference(a: tuple[Loop, ...], b: tuple[Loop, ...]) -> int:
 # -- facts used in explanations -----------------------------------------------------------------------
 
 
-def _trip(loops: tuple[Loop, ...]) -> int:
-    return math.prod(l.extent for l in loops)
+def _trip(loops: tuple[Loop, ...], vector_once: bool = False) -> int:
+    return math.prod(1 if vector_once and l.kind == "V" else l.extent for l in loops)
 
 
-def _inner_trip(band: Band, var: str) -> int:
+def _inner_trip(band: Band, var: str, vector_once: bool = False) -> int:
     """Iterations of everything a loop runs per iteration: the band loops inside it and the largest
-    inner nest."""
-    inside = _trip(band.nest.loops[band.position(var) + 1:])
+    inner nest (with `vector_once`, a vectorized loop counts as one iteration)."""
+    inside = _trip(band.nest.loops[band.position(var) + 1:], vector_once)
     inner = [b for b in bands(band.nest) if b.path]
-    return inside * max((_trip(b.enclosing[len(band.nest.loops):] + b.nest.loops) for b in inner), default=1)
+    return inside * max((_trip(b.enclosing[len(band.nest.loops):] + b.nest.loops, vector_once) for b in inner),
+                        default=1)
 
 
 def strides(nest: Nest, var: str) -> tuple[list[str], list[str], list[str]]:
@@ -253,7 +260,8 @@ class LoopSplit(Strategy):
         nest = program.nests[i]
         found = []
         for loop in all_loops(nest):
-            found.extend(self.action(nest=i, loop=loop.var, factor=f) for f in factor_menu(loop.extent, 4))
+            found.extend(self.action(nest=i, loop=loop.var, factor=f)
+                         for f in factor_menu(loop.extent, SPLITS_PER_LOOP, MAX_SPLIT))
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -307,13 +315,15 @@ def check_order(band: Band, order: tuple[str, ...]) -> None:
 
 
 def _moves(vars_: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
-    """Adjacent swaps, then each loop moved innermost, then each loop moved outermost."""
-    for k in range(len(vars_) - 1):
-        yield vars_[:k] + (vars_[k + 1], vars_[k]) + vars_[k + 2:]
-    for v in vars_:
-        yield tuple(x for x in vars_ if x != v) + (v,)
-    for v in vars_:
-        yield (v,) + tuple(x for x in vars_ if x != v)
+    """Every order that moves one loop to another position: each loop moved innermost, then outermost,
+    then to each position in between (outermost first); moving a loop one step is also moving its
+    neighbour, so the caller drops repeats. One action moves a loop anywhere in the band."""
+    n = len(vars_)
+    for target in (n - 1, 0, *range(1, n - 1)):
+        for k, v in enumerate(vars_):
+            if k != target:
+                rest = vars_[:k] + vars_[k + 1:]
+                yield rest[:target] + (v,) + rest[target:]
 
 
 @register
@@ -414,7 +424,7 @@ class LoopTiling(Strategy):
         found = []
         for band in bands(nest):
             for x, y in zip(band.nest.loops, band.nest.loops[1:]):
-                pairs = list(zip(factor_menu(x.extent, 3), factor_menu(y.extent, 3)))
+                pairs = tile_menu(x.extent, y.extent)
                 # legality depends on the loop order tiling makes, not on the (valid) factors
                 if pairs and self._legal(nest, band, (x.var, y.var), pairs[0]):
                     found += [self.action(nest=i, loops=(x.var, y.var), factors=pair) for pair in pairs]
@@ -707,7 +717,8 @@ class LoopUnrolling(Strategy):
     """Mark a serial loop as unrolled (L -> U): the compiler replicates its body once per iteration.
 
     Preconditions: the loop exists and is serial. Always legal: unrolling keeps the order of iterations.
-    Offered for extents 2..16 whose body runs at most 16 inner iterations (bounded code growth)."""
+    Offered for extents 2..64 when the extent times the iterations inside it (a vectorized loop counting
+    once) is at most 64: bounded code growth, enough to unroll a 16x16 tile around 16 vector lanes."""
 
     name = "loop_unrolling"
     params = ("nest", "loop")
@@ -719,7 +730,7 @@ class LoopUnrolling(Strategy):
         for band in bands(nest):
             for loop in band.nest.loops:
                 if loop.kind == "L" and 2 <= loop.extent <= MAX_UNROLL and \
-                        _inner_trip(band, loop.var) <= MAX_UNROLL:
+                        loop.extent * _inner_trip(band, loop.var, vector_once=True) <= MAX_UNROLL:
                     found.append(self.action(nest=i, loop=loop.var))
         return found
 

@@ -51,14 +51,30 @@ def fresh_loop_var(nest: Nest, taken: set[str] | None = None) -> str:
     return f"a{i}"
 
 
-def factor_menu(extent: int, limit: int = MAX_FACTORS) -> list[int]:
-    """Proper divisors of `extent` (excluding 1 and extent), at most `limit`, favouring powers of two and
-    vector-width multiples, in ascending order: the split/tile factors a strategy offers."""
-    return list(_factor_menu(extent, limit))
+def factor_menu(extent: int, limit: int = MAX_FACTORS, largest: int | None = None) -> list[int]:
+    """Proper divisors of `extent` (excluding 1 and extent, and above `largest` when given), at most `limit`,
+    favouring powers of two, then vector-width multiples, then those nearest 16, in ascending order: the
+    split/tile factors a strategy offers."""
+    return list(_factor_menu(extent, limit, largest))
+
+
+TILE_FACTORS = (4, 8, 16, 32, 64)
+MAX_TILE_POINTS = 1024
+"""`tile_menu` offers tiles of at most this many points (4 KiB of float32 per tensor a tile touches)."""
+
+
+def tile_menu(x_extent: int, y_extent: int) -> list[tuple[int, int]]:
+    """Tile factor pairs for two loops: every pair of TILE_FACTORS that divide the two extents (and are
+    smaller), chosen independently, whose product is at most MAX_TILE_POINTS; a loop that no factor of
+    TILE_FACTORS divides takes its two best `factor_menu` divisors instead. Ascending by x, then y."""
+    def factors(extent: int) -> list[int]:
+        return [f for f in TILE_FACTORS if f < extent and extent % f == 0] or factor_menu(extent, 2)
+
+    return [(a, b) for a in factors(x_extent) for b in factors(y_extent) if a * b <= MAX_TILE_POINTS]
 
 
 @functools.lru_cache(maxsize=4096)
-def _factor_menu(extent: int, limit: int) -> tuple[int, ...]:
-    divisors = [d for d in range(2, extent) if extent % d == 0]
+def _factor_menu(extent: int, limit: int, largest: int | None) -> tuple[int, ...]:
+    divisors = [d for d in range(2, extent if largest is None else min(extent, largest + 1)) if extent % d == 0]
     ranked = sorted(divisors, key=lambda d: (d & (d - 1) != 0, d % 4 != 0, abs(d - 16), d))
     return tuple(sorted(ranked[:limit]))
