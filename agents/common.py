@@ -73,7 +73,12 @@ class Node:
 class AgentResult:
     """The outcome of one agent run. `trajectory` holds every step the search took, in order, each with its
     `parent` (the entry whose state it started from, -1 for the start); `state` is the episode that reached
-    the best program, replayable with `env.apply` or the replay agent."""
+    the best program, replayable with `env.apply` or the replay agent.
+
+    The `compared_*` fields and `torch_s` come from `agents.compare.compare` after the search: the start
+    program, the best program and PyTorch eager timed in turn in one process under one thread count, since
+    the runtimes the search saw were taken minutes apart (or predicted). They stay None until then, and
+    wherever a figure could not be taken; `compared_note` says why."""
 
     agent: str
     workload: str
@@ -88,10 +93,29 @@ class AgentResult:
     counts: dict[str, int]
     spent: int
     budget: int
+    compared_start_s: float | None = None
+    compared_best_s: float | None = None
+    torch_s: float | None = None
+    compared_threads: int | None = None
+    compared_note: str | None = None
 
     @property
     def speedup(self) -> float:
         return self.initial_runtime_s / self.best_runtime_s
+
+    @property
+    def compared_speedup(self) -> float | None:
+        """Start / best, both from the side-by-side timing."""
+        if self.compared_start_s is None or self.compared_best_s is None:
+            return None
+        return self.compared_start_s / self.compared_best_s
+
+    @property
+    def best_vs_torch(self) -> float | None:
+        """Best / PyTorch eager from the side-by-side timing: below 1 the best program beats PyTorch."""
+        if self.compared_best_s is None or self.torch_s is None:
+            return None
+        return self.compared_best_s / self.torch_s
 
     @property
     def measurements(self) -> int:
@@ -120,7 +144,11 @@ class AgentResult:
         return {"agent": self.agent, "workload": self.workload, "mode": self.mode, "budget": self.budget,
                 "spent": self.spent, "steps": len(self.trajectory), "counts": self.counts,
                 "initial_runtime_s": self.initial_runtime_s, "best_runtime_s": self.best_runtime_s,
-                "speedup": self.speedup, "best_source": self.best_source, "best_leir": self.best_leir}
+                "speedup": self.speedup, "best_source": self.best_source, "best_leir": self.best_leir,
+                "compared_start_s": self.compared_start_s, "compared_best_s": self.compared_best_s,
+                "compared_speedup": self.compared_speedup, "torch_s": self.torch_s,
+                "best_vs_torch": self.best_vs_torch, "compared_threads": self.compared_threads,
+                "compared_note": self.compared_note}
 
 
 @dataclass

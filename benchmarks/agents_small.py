@@ -3,11 +3,13 @@
     PYTHONPATH=. python benchmarks/agents_small.py [--quick] [--budget 64] [--mode hybrid]
                                                    [--workloads URI ...] [--agents NAME ...]
 
-Every agent gets `--budget` measurements (fresh or from the store; see `agents.common`) per workload. One
-thread everywhere, so the comparison is like with like: TVM measures with `Protocol(threads=1)`, the
-PyTorch reference runs single-threaded (`Workload.reference`, timed as the median of a few calls, NumPy
-copies included), and the agents' own torch work (PPO) is pinned to one thread. Each run gets a fresh
-copy of the packaged cost model and its own store, so no agent learns from another's measurements.
+Every agent gets `--budget` measurements (fresh or from the store; see `agents.common`) per workload. After
+each search `agents.compare.compare` times the start program, the best program and PyTorch eager side by
+side (3 rounds in turn, medians). One thread everywhere, so the comparison is like with like: TVM measures
+with `Protocol(threads=1)`, PyTorch's module is called directly (`module(*tensors)` under
+`torch.inference_mode()`, one thread, blocks sized like the kernels' timings, no NumPy copies), and the
+agents' own torch work (PPO) is pinned to one thread. Each run gets a fresh copy of the packaged cost model
+and its own store, so no agent learns from another's measurements.
 Writes benchmarks/results/agents_small.md (agents_small_quick.md with --quick: one workload, budget 8).
 """
 from __future__ import annotations
@@ -23,12 +25,11 @@ from pathlib import Path
 import torch
 
 from agents import get_agent
+from agents.compare import ROUNDS, compare
 from steptp_env.costmodel import CostModel
 from steptp_env.costmodel.default import DEFAULT_MODEL_DIR
 from steptp_env.env import StepTPEnv
-from steptp_env import Program
-from steptp_env.measure import Protocol, ResultStore, measure
-from steptp_env.workloads import get_workload
+from steptp_env.measure import Protocol, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -38,19 +39,6 @@ AGENT_NAMES = ["random", "greedy", "beam", "mcts"]
 THREADS = 1
 
 
-def torch_seconds(uri: str, repeat: int = 5) -> float:
-    """Median time of the workload's PyTorch reference on seeded inputs (after one warm-up call)."""
-    wl = get_workload(uri, "small")
-    inputs = wl.make_inputs(0)
-    wl.reference(inputs)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        wl.reference(inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def run_one(uri: str, agent: str, budget: int, mode: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "store.sqlite") as store:
         model = None if mode == "measure" else CostModel.load(DEFAULT_MODEL_DIR)
@@ -58,30 +46,14 @@ def run_one(uri: str, agent: str, budget: int, mode: str, seed: int) -> dict:
         start = time.perf_counter()
         result = get_agent(agent)(env, budget, seed)
         wall = time.perf_counter() - start
-        best = Program.parse(result.best_leir, env.workload.program.signature)
-        confirmed = confirm(env.workload, env.workload.program, best)
+        result = compare(env, result)
+    if result.best_vs_torch is None:
+        raise RuntimeError(f"side-by-side timing failed: {result.compared_note}")
     return {"start_s": result.initial_runtime_s, "best_s": result.best_runtime_s, "speedup": result.speedup,
             "spent": result.spent, "measured": result.measurements, "steps": len(result.trajectory),
-            "wall_s": wall, "source": result.best_source, **confirmed,
-            "path": " → ".join(step["action"] for step in result.path())}
-
-
-def confirm(workload, start: Program, best: Program, rounds: int = 3) -> dict:
-    """Re-measure the start program, the best program and PyTorch side by side, `rounds` times in
-    turn, so that the reported ratios compare figures taken under the same machine load (the runtimes
-    the search saw were taken minutes apart)."""
-    protocol = Protocol(threads=THREADS)
-    times: dict[str, list[float]] = {"start": [], "best": [], "torch": []}
-    for _ in range(rounds):
-        for name, program in (("start", start), ("best", best)):
-            m = measure(program, workload, protocol=protocol)
-            if not m.ok:
-                raise RuntimeError(f"re-measuring the {name} program failed: {m.error}")
-            times[name].append(m.median_s)
-        times["torch"].append(torch_seconds(workload.uri))
-    start_s, best_s, torch_s = (statistics.median(times[k]) for k in ("start", "best", "torch"))
-    return {"c_start_s": start_s, "c_best_s": best_s, "c_torch_s": torch_s, "c_speedup": start_s / best_s,
-            "c_vs_torch": best_s / torch_s}
+            "wall_s": wall, "source": result.best_source, "c_start_s": result.compared_start_s,
+            "c_best_s": result.compared_best_s, "c_torch_s": result.torch_s, "c_speedup": result.compared_speedup,
+            "c_vs_torch": result.best_vs_torch, "path": " → ".join(step["action"] for step in result.path())}
 
 
 def _cell(text: str, limit: int = 90) -> str:
@@ -117,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     lines = [f"# Search agents at `small` ({args.mode} mode, budget {args.budget} measurements, seed {args.seed})",
-             "", f"- threads: {THREADS} (TVM protocol, PyTorch reference, agents); {os.cpu_count()} CPUs",
+             "", f"- threads: {THREADS} (TVM protocol, PyTorch eager called directly, agents); {os.cpu_count()} CPUs",
              f"- load average (1/5/15 min): {' / '.join(f'{x:.2f}' for x in load_before)} before, "
              f"{' / '.join(f'{x:.2f}' for x in load_after)} after",
              f"- {time.strftime('%Y-%m-%d %H:%M')}; after each search the start program, the best program and "
-             "PyTorch are re-measured side by side (3 rounds in turn, medians): speedup = start / best, "
+             f"PyTorch are re-measured side by side ({ROUNDS} rounds in turn, medians): speedup = start / best, "
              "vs PyTorch = best / PyTorch (below 1: faster than PyTorch); 'search saw' is start / best as "
              "measured during the search, minutes apart", "",
              "| workload | agent | start ms | best ms | speedup | PyTorch ms | vs PyTorch | search saw | budget used | "

@@ -284,11 +284,13 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
               state: Optional[Path] = typer.Option(None, help="replay: the state.json to replay"),
               policy: Optional[Path] = typer.Option(None, help="ppo: a trained model (.zip); without one, PPO "
                                                     "first trains for BUDGET steps")) -> None:
-    """Optimise a workload with a search agent or policy; print the best episode and save the run
-    (state.json, trajectory.jsonl, summary.json)."""
+    """Optimise a workload with a search agent or policy; print the best episode, time the start program,
+    the best program and PyTorch eager side by side, and save the run (state.json, trajectory.jsonl,
+    summary.json)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agents import AGENTS, get_agent, watch
+    from agents.compare import compare, describe
 
     from .env import StepTPEnv
 
@@ -328,6 +330,9 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
     console.print(table)
     console.print(f"best program ({result.best_source}, {result.best_runtime_s * 1e3:.4f} ms):")
     print(result.best_leir)
+    with console.status("timing the start program, the best program and PyTorch side by side"):
+        result = compare(env, result)
+    console.print(escape(describe(result)), soft_wrap=True)
     folder = result.save(_run_folder(out, name, agent, workload))
     console.print(f"saved the run to {folder}/")
 

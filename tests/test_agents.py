@@ -1,17 +1,23 @@
 """The agents in `model` mode on tiny workloads: never worse than their start, deterministic per seed,
-replayable; `steptp run` writes its run; MaskablePPO learns to beat the random policy."""
+replayable; `steptp run` writes its run with the side-by-side figures; PyTorch is timed by a direct call;
+MaskablePPO learns to beat the random policy."""
 from __future__ import annotations
 
 import json
 import statistics
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from agents import AGENTS, get_agent
+from agents.compare import compare, describe, torch_seconds
 from steptp_env.cli import app
 from steptp_env.env import EnvState, StepTPEnv
 from steptp_env.errors import StepTPError
+from steptp_env.frontend.workload import Workload
+from steptp_env.measure import Protocol
+from steptp_env.workloads import get_workload
 
 SEARCH = ["random", "greedy", "beam", "bfs", "dfs", "mcts"]
 
@@ -78,12 +84,70 @@ def test_cli_run_writes_state_and_trajectory(tmp_path):
     steps = [json.loads(line) for line in (folder / "trajectory.jsonl").read_text().splitlines()]
     assert state.actions and 1 <= len(steps) <= 8
     assert {"action", "reward", "runtime_s", "source", "error"} <= set(steps[0])
+    summary = json.loads((folder / "summary.json").read_text())
+    for key in ("compared_start_s", "compared_best_s", "compared_speedup", "torch_s", "best_vs_torch"):
+        assert summary[key] > 0, (key, summary)
+    assert summary["compared_threads"] >= 1 and summary["compared_note"] is None
+    assert "PyTorch eager" in ran.output and "best/PyTorch" in ran.output
     replayed = runner.invoke(app, ["run", "--agent", "replay", "--state", str(folder / "state.json"),
                                    "--name", "replay", *common])
     assert replayed.exit_code == 0, replayed.output
     assert EnvState.load(tmp_path / "runs" / "replay" / "state.json").actions == state.actions
     unknown = runner.invoke(app, ["run", "--agent", "annealing", *common])
     assert unknown.exit_code == 2 and "unknown agent" in unknown.output
+
+
+def test_compare_times_start_best_and_pytorch_side_by_side(tmp_path):
+    env = StepTPEnv("level1/matmul", "tiny", mode="model", store=tmp_path / "s.sqlite", max_steps=4,
+                    protocol=Protocol(threads=1, repeat=3))
+    searched = get_agent("greedy")(env, 8, seed=0)
+    assert searched.torch_s is None and searched.best_vs_torch is None  # only `compare` times side by side
+    result = compare(env, searched)
+    assert result.best_leir == searched.best_leir and result.trajectory == searched.trajectory
+    assert result.compared_start_s > 0 and result.compared_best_s > 0 and result.torch_s > 0
+    assert result.compared_speedup == pytest.approx(result.compared_start_s / result.compared_best_s)
+    assert result.best_vs_torch == pytest.approx(result.compared_best_s / result.torch_s)
+    assert result.compared_threads == 1 and result.compared_note is None
+    line = describe(result)
+    assert line.startswith("best ") and "PyTorch eager" in line and line.endswith("1 thread)")
+
+
+def test_compare_without_a_module_names_the_reason(tmp_path):
+    env = StepTPEnv("level1/relu", "tiny", mode="model", store=tmp_path / "s.sqlite", max_steps=2)
+    searched = get_agent("greedy")(env, 2, seed=0)
+    env.workload.module = None  # as a workload loaded without its module would be
+    result = compare(env, searched)
+    assert result.compared_start_s is result.compared_best_s is result.torch_s is result.best_vs_torch is None
+    assert "no PyTorch module" in result.compared_note and "no PyTorch module" in describe(result)
+    assert json.loads(json.dumps(result.summary()))["best_vs_torch"] is None
+
+
+class CountingModule(torch.nn.Module):
+    """Wraps a module and records, per call, whether inference mode was on and how many threads torch had."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls: list[tuple[bool, int]] = []
+
+    def forward(self, *args):
+        self.calls.append((torch.is_inference_mode_enabled(), torch.get_num_threads()))
+        return self.inner(*args)
+
+
+def test_torch_seconds_calls_the_module_directly(monkeypatch):
+    workload = get_workload("level1/relu", "tiny")
+    workload.module = CountingModule(workload.module)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("PyTorch must be timed by a direct module call")
+
+    monkeypatch.setattr(Workload, "reference", forbidden)
+    monkeypatch.setattr(torch.func, "functional_call", forbidden)
+    threads = torch.get_num_threads()
+    seconds = torch_seconds(workload, Protocol(threads=1, repeat=4, min_seconds=0.0))
+    assert seconds > 0 and torch.get_num_threads() == threads
+    assert workload.module.calls == [(True, 1)] * 5  # one warm-up call, then 4 blocks of one call
 
 
 def test_maskable_ppo_beats_the_random_policy(tmp_path):

@@ -69,9 +69,15 @@ class Workload:
                                                dtype=spec.dtype)
         return arrays
 
-    def reference(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def torch_arguments(self, inputs: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """The module's positional arguments: the user inputs among `inputs`, in the order `forward` takes
+        them (parameters are module state, not arguments). Copies, so a module that writes to its inputs
+        leaves the caller's arrays alone; call `self.module(*args)` to run PyTorch eager directly."""
         users = sorted((pos, name) for name, (kind, pos) in self.origin.items() if kind == "input")
-        args = tuple(torch.from_numpy(np.array(inputs[name])) for _, name in users)
+        return tuple(torch.from_numpy(np.array(inputs[name])) for _, name in users)
+
+    def reference(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = self.torch_arguments(inputs)
         owned = {n for n, _ in [*self.module.named_parameters(), *self.module.named_buffers()]}
         state = {fqn: torch.from_numpy(np.array(inputs[name])) for name, (kind, fqn) in self.origin.items()
                  if kind == "param" and fqn in owned}  # constants made inside forward are not module state
@@ -96,10 +102,8 @@ class Workload:
                 "ranges": {k: [r.low, r.high] for k, r in self.ranges.items()}}
         (directory / "workload.json").write_text(json.dumps(meta, indent=1) + "\n")
         np.savez(directory / "params.npz", **self.params)
-        inputs = self.make_inputs(0)
-        users = sorted((pos, name) for name, (kind, pos) in self.origin.items() if kind == "input")
         try:
-            exported = torch.export.export(self.module, tuple(torch.from_numpy(inputs[n]) for _, n in users))
+            exported = torch.export.export(self.module, self.torch_arguments(self.make_inputs(0)))
             torch.export.save(exported, directory / "module.pt2")
         except Exception:  # noqa: BLE001  (not every module exports; then the caller must pass the module to load)
             (directory / "module.pt2").unlink(missing_ok=True)

@@ -93,9 +93,17 @@ def _time(key: str, inputs: dict[str, np.ndarray], number: int, repeat: int, min
     then `repeat` timings of `number` runs each."""
     kernel = _KERNELS[key]
     probe = kernel.time(inputs, number=1, repeat=1, warmup=False)[0]
-    if probe < min_seconds and number == 1:
-        number = max(1, int(min_seconds / max(probe, 1e-9)))
+    number = runs_per_timing(probe, number, min_seconds)
     return [t for t in kernel.time(inputs, number=number, repeat=repeat, warmup=False)] + [float(number)]
+
+
+def runs_per_timing(probe: float, number: int, min_seconds: float) -> int:
+    """Runs per timing: `number`, raised (when it is 1) so that one timing lasts at least `min_seconds`
+    for a run that took `probe` seconds; the timer's resolution and overhead stay small beside it. Shared
+    by the kernel timings here and PyTorch's in `agents.compare`, so both are taken the same way."""
+    if probe < min_seconds and number == 1:
+        return max(1, int(min_seconds / max(probe, 1e-9)))
+    return number
 
 
 def _crash() -> None:
