@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,rl,data,minari]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,rl,data,minari,bench]"
 	touch $(STAMP)
 
 .PHONY: install demo test reference
