@@ -78,3 +78,24 @@ def test_float64_keeps_libm():
     np.testing.assert_allclose(kernel({"A": xs})["C"], expected, rtol=1e-15)
     asm = kernel.executable.mod.inspect_source("asm")
     assert "exp@" in asm and "log@" in asm
+
+
+def test_nested_calls_stay_linear_in_size():
+    """Each polynomial form reads its argument several times, and TVM's code generator substitutes `Let`
+    values while it simplifies, so every expanded level multiplies the size of those inside it (`mish`,
+    `logcumsumexp` took minutes to build). Six nested calls must still build, and stay correct."""
+    from steptp_env import lower
+
+    signature = [{"name": "A", "shape": [64], "dtype": "float32"},
+                 {"name": "C", "shape": [64], "dtype": "float32", "role": "output"}]
+    inner = "A^{f32,g}_{a}"
+    for func in ("exp", "log", "erf", "exp", "log", "erf"):
+        inner = f"{func}({inner}*0.5)"
+    program = Program.parse(f"L^{{64}}_{{a=0}}[C^{{f32,g}}_{{a}}={inner};];", signature)
+    assert len(lower(program).script()) < 30_000
+    assert "T.exp(" in lower(program).script()  # the outer levels keep libm
+    xs = np.random.default_rng(2).uniform(0.5, 2, 64).astype(np.float32)
+    expected = xs.astype(np.float64)
+    for func in ("exp", "log", "erf", "exp", "log", "erf"):
+        expected = {"exp": np.exp, "log": np.log, "erf": np.vectorize(math.erf)}[func](expected * 0.5)
+    np.testing.assert_allclose(build(program)({"A": xs})["C"], expected, rtol=1e-5)

@@ -26,7 +26,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import LoweringError
 from ..ir.analysis import accumulation, index_range, reduction, reduction_identity, scan_operator
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
-                      equations, free_vars, walk)
+                      children, equations, free_vars, walk)
 from ..ir.dtypes import float_rank, is_float
 from ..ir.program import Program
 from . import vector_math
@@ -466,9 +466,18 @@ class _ExprLowering:
         if f == "abs":
             return tirx.abs(self.materialize(args[0]))
         x = self.as_float(args[0])
-        if f in vector_math.FUNCTIONS and _dt(x) == "float32":
+        if f in vector_math.FUNCTIONS and _dt(x) == "float32" and \
+                _expanded_depth(expr.args[0]) < vector_math.MAX_NESTED:
             return vector_math.vector_call(f, x)
         return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](x)
+
+
+def _expanded_depth(expr: Expr) -> int:
+    """How many calls that `vector_math` expands are nested in `expr`, at most, along one chain."""
+    if isinstance(expr, Call):
+        inner = max((_expanded_depth(a) for a in expr.args), default=0)
+        return inner + (expr.func in vector_math.FUNCTIONS)
+    return max((_expanded_depth(c) for c in children(expr)), default=0)
 
 
 def _fold(op: str, *values):

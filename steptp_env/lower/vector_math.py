@@ -27,6 +27,11 @@ from tvm import tirx
 from tvm.ir.expr import Expr as PrimExpr
 
 FUNCTIONS = ("exp", "log", "erf")
+MAX_NESTED = 3
+"""A call is expanded only when fewer than this many expanded calls are nested in its argument; deeper ones
+keep libm. TVM's code generator substitutes every `Let` value into the expressions that use it while it
+simplifies them, so each expanded level multiplies the size of the levels inside it: `mish(mish(x))` (six
+levels) did not finish building, three levels build in about a second."""
 
 _LN2_HI = 0.693359375  # ln 2 split so that n * _LN2_HI is exact for the n that occur
 _LN2_LO = -2.12194440e-4
@@ -50,6 +55,27 @@ def _i(value: int) -> PrimExpr:
     return tirx.IntImm("int32", value)
 
 
+class _Lets:
+    """Names for values used more than once. TIR expressions are trees: a value written twice is computed
+    twice, and nested calls (`log(1+exp(x))` inside `tanh`) multiply the copies until LLVM spends minutes
+    on one kernel. Each bound value becomes a `Let`, computed once."""
+
+    def __init__(self) -> None:
+        self.bindings: list[tuple[tirx.Var, PrimExpr]] = []
+
+    def __call__(self, name: str, value: PrimExpr) -> PrimExpr:
+        if isinstance(value, (tirx.Var, tirx.FloatImm, tirx.IntImm)):
+            return value
+        var = tirx.Var(name, str(value.ty.dtype))
+        self.bindings.append((var, value))
+        return var
+
+    def wrap(self, body: PrimExpr) -> PrimExpr:
+        for var, value in reversed(self.bindings):
+            body = tirx.Let(var, value, body)
+        return body
+
+
 def _horner(x: PrimExpr, coefficients: tuple[float, ...]) -> PrimExpr:
     """c0*x^(k-1) + ... + c(k-1), highest power first."""
     result = _f(coefficients[0])
@@ -58,10 +84,10 @@ def _horner(x: PrimExpr, coefficients: tuple[float, ...]) -> PrimExpr:
     return result
 
 
-def _times_power_of_two(x: PrimExpr, n: PrimExpr) -> PrimExpr:
+def _times_power_of_two(lets: _Lets, x: PrimExpr, n: PrimExpr) -> PrimExpr:
     """x * 2**n for int32 n in [-252, 254], by two factors that are each a normal float32, applied one after
     the other (2**128 alone would overflow where x * 2**128 does not)."""
-    half = tirx.shift_right(n, _i(1))
+    half = lets("half", tirx.shift_right(n, _i(1)))
     first = tirx.reinterpret("float32", tirx.shift_left(half + _i(127), _i(23)))
     second = tirx.reinterpret("float32", tirx.shift_left(n - half + _i(127), _i(23)))
     return x * first * second
@@ -69,46 +95,51 @@ def _times_power_of_two(x: PrimExpr, n: PrimExpr) -> PrimExpr:
 
 def exp_f32(x: PrimExpr) -> PrimExpr:
     """exp(x) for float32 x: x = n ln2 + r with |r| <= ln2/2, exp(r) by a polynomial, times 2**n."""
-    clamped = tirx.min(tirx.max(x, _f(_EXP_MIN)), _f(_EXP_MAX))
-    n = tirx.floor(clamped * _f(1 / math.log(2)) + _f(0.5))
-    r = clamped - n * _f(_LN2_HI) - n * _f(_LN2_LO)
+    lets = _Lets()
+    x = lets("x", x)
+    clamped = lets("clamped", tirx.min(tirx.max(x, _f(_EXP_MIN)), _f(_EXP_MAX)))
+    n = lets("n", tirx.floor(clamped * _f(1 / math.log(2)) + _f(0.5)))
+    r = lets("r", clamped - n * _f(_LN2_HI) - n * _f(_LN2_LO))
     poly = _horner(r, _EXP_POLY) * (r * r) + r + _f(1.0)
-    value = _times_power_of_two(poly, tirx.Cast("int32", n))
+    value = _times_power_of_two(lets, poly, lets("ni", tirx.Cast("int32", n)))
     value = tirx.Select(x > _f(_EXP_MAX), _f(math.inf), value)
-    return tirx.Select(tirx.isnan(x), x, value)
+    return lets.wrap(tirx.Select(tirx.isnan(x), x, value))
 
 
 def log_f32(x: PrimExpr) -> PrimExpr:
     """log(x) for float32 x: x = m 2**e with m in [sqrt(1/2), sqrt(2)), log(1 + f) by a polynomial in f = m-1,
     plus e ln2. Subnormal x are scaled by 2**23 first."""
-    subnormal = x < _f(1.1754943508222875e-38)
-    scaled = tirx.Select(subnormal, x * _f(8388608.0), x)
-    bits = tirx.reinterpret("int32", scaled)
+    lets = _Lets()
+    x = lets("x", x)
+    subnormal = lets("subnormal", x < _f(1.1754943508222875e-38))
+    bits = lets("bits", tirx.reinterpret("int32", tirx.Select(subnormal, x * _f(8388608.0), x)))
     exponent = tirx.bitwise_and(tirx.shift_right(bits, _i(23)), _i(0xFF)) - _i(126)
     exponent = exponent - tirx.Select(subnormal, _i(23), _i(0))
-    mantissa = tirx.reinterpret("float32", tirx.bitwise_or(tirx.bitwise_and(bits, _i(0x007FFFFF)), _i(0x3F000000)))
-    below = mantissa < _f(math.sqrt(0.5))
-    e = tirx.Cast("float32", exponent - tirx.Select(below, _i(1), _i(0)))
-    f = tirx.Select(below, mantissa + mantissa - _f(1.0), mantissa - _f(1.0))
-    z = f * f
+    mantissa = lets("m", tirx.reinterpret("float32", tirx.bitwise_or(tirx.bitwise_and(bits, _i(0x007FFFFF)),
+                                                                      _i(0x3F000000))))
+    below = lets("below", mantissa < _f(math.sqrt(0.5)))
+    e = lets("e", tirx.Cast("float32", exponent - tirx.Select(below, _i(1), _i(0))))
+    f = lets("f", tirx.Select(below, mantissa + mantissa - _f(1.0), mantissa - _f(1.0)))
+    z = lets("z", f * f)
     y = _horner(f, _LOG_POLY) * f * z + e * _f(_LN2_LO) - _f(0.5) * z
     value = f + y + e * _f(_LN2_HI)
     value = tirx.Select(x == _f(0.0), _f(-math.inf), value)
     value = tirx.Select(x < _f(0.0), _f(math.nan), value)
     value = tirx.Select(x == _f(math.inf), x, value)
-    return tirx.Select(tirx.isnan(x), x, value)
+    return lets.wrap(tirx.Select(tirx.isnan(x), x, value))
 
 
 def erf_f32(x: PrimExpr) -> PrimExpr:
     """erf(x) for float32 x: the odd Maclaurin series where |x| < 0.5 (relative accuracy near 0), else
     sign(x) (1 - erfc|x|) with erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2)."""
-    z = tirx.abs(x)
-    series = x * _horner(x * x, _ERF_SERIES[::-1])
-    t = _f(1.0) / (_f(1.0) + _f(0.5) * z)
-    erfc = t * exp_f32(_horner(t, _ERFC_POLY) - z * z)
-    tail = _f(1.0) - erfc
+    lets = _Lets()
+    x = lets("x", x)
+    z = lets("z", tirx.abs(x))
+    series = x * _horner(lets("x2", x * x), _ERF_SERIES[::-1])
+    t = lets("t", _f(1.0) / (_f(1.0) + _f(0.5) * z))
+    tail = lets("tail", _f(1.0) - t * exp_f32(_horner(t, _ERFC_POLY) - z * z))
     value = tirx.Select(z < _f(_ERF_SMALL), series, tirx.Select(x < _f(0.0), -tail, tail))
-    return tirx.Select(tirx.isnan(x), x, value)
+    return lets.wrap(tirx.Select(tirx.isnan(x), x, value))
 
 
 def vector_call(func: str, x: PrimExpr) -> PrimExpr:
