@@ -1,16 +1,18 @@
 """Memory strategies: where intermediate values live and how they are laid out.
 
-reduction_factorization  split a reduction over one loop into two partial reductions and a combine nest
 cache_read_write         stage the reads of a tensor (or the writes of a result) through a cache copy
 layout_transformation    copy a tensor read by a nest into a new tensor with another layout
 set_storage_scope        move an intermediate to global, local or shared memory
 set_storage_layout       change the layout of an intermediate in place (every access re-indexed)
 precompute_indices       hoist an affine subscript into an int64 index tensor computed by its own nest
 
-New nests (copies, partial reductions, index tensors) follow the reference's form: they are placed right
-next to the nest they serve, iterate over the loops whose variables their subscripts use, and in a program
-bound to the GPU the first loop of a new nest without a bound loop becomes `B^{N}_{tx}`, as the reference
-binds dimension 0 of every nest.
+(reduction_factorization, which splits a reduction into partial reductions and a combine nest, lives in
+`reduction_factorization.py` and shares this module's helpers.)
+
+New nests (copies, index tensors) follow the reference's form: they are placed right next to the nest they
+serve, iterate over the loops whose variables their subscripts use, and in a program bound to the GPU the
+first loop of a new nest without a bound loop becomes `B^{N}_{tx}`, as the reference binds dimension 0 of
+every nest.
 
 A layout is a list of groups, one per dimension of the new tensor: `k` keeps old dimension k, `[k1,k2]`
 merges old dimensions into one row-major dimension (k1 slowest), `[k,div,f]` and `[k,mod,f]` split old
@@ -24,13 +26,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from ..errors import IllegalActionError, SignatureError
-from ..ir.analysis import index_range, loop_iterations, reads, reduction, scans, writes
-from ..ir.ast import (Access, BinOp, Call, Const, Equation, Expr, Loop, Nest, Var, accesses, all_loops, children,
+from ..ir.analysis import index_range, loop_iterations, reads, scans, writes
+from ..ir.ast import (Access, BinOp, Const, Equation, Expr, Loop, Nest, Var, accesses, all_loops, children,
                       equations, free_vars, map_children, replace_accesses)
 from ..ir.printer import print_expr
 from ..ir.program import Program
 from .base import Action, Strategy, register
-from .util import factor_menu, fresh_loop_var, fresh_tensor, loop_in, nest_at
+from .util import factor_menu, fresh_loop_var, fresh_tensor, nest_at
 
 LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
 """The largest local buffer the CPU lowering keeps local (`steptp_env.lower.tir` has the same limit; it is
@@ -352,149 +354,8 @@ def _layout_menu(shape: tuple[int, ...], loop_order: tuple[int, ...] | None = No
 
 
 # ---------------------------------------------------------------------------------------------------------
-# reduction_factorization
+# Copy sources (cache_read_write, layout_transformation)
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _combine(op: str, lhs: Expr, rhs: Expr) -> Expr:
-    if op in ("max", "min"):
-        return Call(op, (lhs, rhs))
-    return BinOp("*" if op == "*" else "+", lhs, rhs)
-
-
-def _shift_var(expr: Expr, var: str, offset: int) -> Expr:
-    """`expr` with loop variable `var` replaced by `var+offset`; a trailing `+var` becomes `+var+offset`."""
-    shifted = BinOp("+", Var(var), Const(offset))
-    if isinstance(expr, Var):
-        return shifted if expr.name == var else expr
-    if isinstance(expr, BinOp) and expr.op == "+" and expr.rhs == Var(var) and not expr.parens:
-        return BinOp("+", BinOp("+", _shift_var(expr.lhs, var, offset), Var(var)), Const(offset))
-    return map_children(expr, lambda k: _shift_var(k, var, offset))
-
-
-@register
-class ReductionFactorization(Strategy):
-    """Split the reduction of a single-equation nest over loop `loop` at `split`: two partial reductions
-    (iterations `< split` and `>= split`, the second reading at `loop+split`) into fresh tensors, then a
-    combine nest that folds both partials into the target.
-
-    Preconditions: the nest is one equation (no inner nests); the equation is a reduction (`+ - * max min`)
-    whose reduced variables include `loop`; it is not a prefix scan; its target subscripts are distinct
-    loop variables or constants; `0 < split < extent`. The partial tensors have the target's subscript (for
-    a scalar target, the other loops' variables, whose sum the combine nest then takes); the combine nest
-    runs only the target's loops, so each partial is folded once. Reductions start from the operator's
-    identity, so the partials need no initialisation; the combine accumulates into the target when nothing
-    wrote it before, and assigns otherwise (the original reduction ignored any earlier value).
-    """
-
-    name = "reduction_factorization"
-    params = ("nest", "loop", "split")
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        found = []
-        for n, nest in enumerate(program.nests):
-            site = self._site(nest)
-            if site is None:
-                continue
-            loops, eq, red = site
-            for loop in loops:
-                if loop.var in red.reduced_vars and loop.extent >= 2:
-                    for split in sorted({loop.extent // 2, loop.extent - loop.extent // 4}):
-                        if 0 < split < loop.extent:
-                            found.append(self.action(nest=n, loop=loop.var, split=split))
-        return found
-
-    @staticmethod
-    def _site(nest: Nest):
-        """(loops, equation, reduction) of a factorizable single-equation nest, else None."""
-        if len(nest.body) != 1 or not isinstance(nest.body[0], Equation):
-            return None
-        loops, eq = nest.loops, nest.body[0]
-        red = reduction(loops, eq)
-        if red is None or scans(loops, eq) or not _plain_subscripts(eq.lhs):
-            return None
-        return loops, eq, red
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        n, var, split = action["nest"], action["loop"], action["split"]
-        nest = nest_at(program, n)
-        loop = loop_in(nest, var)
-        site = self._site(nest)
-        if site is None:
-            _fail(f"nest {n} is not a single reduction equation over plain subscripts that can be factorized "
-                  "(it has several statements, no reduction, a prefix scan, or computed target subscripts)")
-        loops, eq, red = site
-        if var not in red.reduced_vars:
-            _fail(f"loop {var} is not reduced by nest {n} (reduced loops: {', '.join(red.reduced_vars)})")
-        if not isinstance(split, int) or not 0 < split < loop.extent:
-            _fail(f"split must be an integer in 1..{loop.extent - 1} for loop {var} of extent {loop.extent}")
-        first = fresh_tensor(program)
-        second = fresh_tensor(program, {first})
-        target = eq.lhs
-        if target.indices:
-            part_index, combine_loops = target.indices, tuple(l for l in loops if l.var in _vars_of(target.indices))
-        else:
-            combine_loops = tuple(l for l in loops if l.var != var)
-            part_index = tuple(Var(l.var) for l in combine_loops)
-        parts = []
-        for name, extent, offset in ((first, split, 0), (second, loop.extent - split, split)):
-            part = Access(name, target.dtype, target.scope, part_index)
-            rhs = replace_accesses(eq.rhs, lambda a, p=part: p if a == target else a)
-            if offset:
-                rhs = _shift_var(rhs, var, offset)
-            part_loops = tuple(replace(l, extent=extent) if l.var == var else l for l in loops)
-            parts.append(Nest(part_loops, (Equation(part, rhs),)))
-        a, b = (Access(p.body[0].lhs.name, target.dtype, target.scope, part_index) for p in parts)
-        folded = _combine(red.op, a, b)
-        accumulate = bool(set(l.var for l in combine_loops) - _vars_of(target.indices)) \
-            or not _written_before(program, n, target.name)
-        combine = Equation(target, _combine(red.op, target, folded) if accumulate else folded)
-        nests = list(program.nests[:n]) + parts + [Nest(combine_loops, (combine,))] + list(program.nests[n + 1:])
-        return _rebuild(program, nests)
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        """The split point of a factorization is the extent of the factored loop in the first partial."""
-        if len(after.nests) != len(before.nests) + 2:
-            return []
-        for n, nest in enumerate(before.nests):
-            part = after.nests[n]
-            if len(part.loops) != len(nest.loops):
-                continue
-            changed = [(old, new) for old, new in zip(nest.loops, part.loops) if old.extent != new.extent]
-            if len(changed) == 1:
-                return [self.action(nest=n, loop=changed[0][0].var, split=changed[0][1].extent)]
-        return []
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        n, var, split = action["nest"], action["loop"], action["split"]
-        nest = before.nests[n]
-        eq = nest.body[0]
-        red = reduction(nest.loops, eq)
-        extent = nest.loop(var).extent
-        parts = after.nests[n:n + 3]
-        names = [p.body[0].lhs.name for p in parts[:2]]
-        combine = parts[2]
-        op = "+" if red.op == "-" else red.op
-        return (f"Factorized the {op}-reduction into {eq.lhs.name} in nest {n} along loop {var} "
-                f"(extent {extent}): nest {n} now accumulates iterations 0..{split - 1} into {names[0]} and "
-                f"nest {n + 1} iterations {split}..{extent - 1} into {names[1]}, reading at {var}+{split}; "
-                f"nest {n + 2} folds the two partials into {eq.lhs.name} with "
-                f"{_iterations(combine)} iteration(s). This is legal because {var} is a reduced loop of "
-                f"{eq.lhs.name} (absent from its subscript), {op} is associative and commutative"
-                f"{' (floats may round differently)' if op in ('+', '*') else ''}, and every reduction starts "
-                f"from the identity of {op}, so each partial starts clean. The two partial nests are "
-                f"independent of each other, which exposes parallel work along the reduction; the total "
-                f"work grows from {loop_iterations(before.nests)} to {loop_iterations(after.nests)} loop "
-                f"iterations because of the combine nest.")
-
-
-def _plain_subscripts(acc: Access) -> bool:
-    """Subscripts that are distinct loop variables or integer constants (each written element is one
-    element of the loops' iteration space)."""
-    names = [i.name for i in acc.indices if isinstance(i, Var)]
-    plain = all(isinstance(i, Var) or (isinstance(i, Const) and i.is_int) for i in acc.indices)
-    return plain and len(names) == len(set(names))
 
 
 def _copy_source(program: Program, n: int, tensor: str) -> tuple[_Site | None, str]:
@@ -1067,5 +928,5 @@ class PrecomputeIndices(Strategy):
                 f"this helps when the arithmetic is costlier than the load or the table is reused.")
 
 
-__all__ = ["ReductionFactorization", "CacheReadWrite", "LayoutTransformation", "SetStorageScope",
+__all__ = ["CacheReadWrite", "LayoutTransformation", "SetStorageScope",
            "SetStorageLayout", "PrecomputeIndices"]
