@@ -144,7 +144,7 @@ def test_reductions_are_initialised_before_their_outermost_reduced_loop(case):
                    if (red := reduction(loops, eq)) for v in red.reduced_vars}
         inits = [(name, loops) for name, loops, _ in blocks if name.endswith("_init")]
         assert inits and all(not reduced & set(loops) for _, loops in inits), (target, inits)
-    kept = _blocks(lower(program, decompose_reductions=False)["main"].body)  # the form schedule rules expect
+    kept = _blocks(lower(program, tvm_form=True)["main"].body)  # the form TVM's schedule rules expect
     assert any(has_init for _, _, has_init in kept) and not any(name.endswith("_init") for name, _, _ in kept)
     inputs = random_inputs(program, 0)
     expected = interpret(program, inputs)

@@ -80,6 +80,17 @@ def test_float64_keeps_libm():
     assert "exp@" in asm and "log@" in asm
 
 
+def test_tvm_form_keeps_tvm_math_intrinsics():
+    """MetaSchedule's flop estimator rejects `Let`: TVM's tools get `T.exp` (lower(..., tvm_form=True))."""
+    from steptp_env import lower
+
+    signature = [{"name": "A", "shape": [64], "dtype": "float32"},
+                 {"name": "C", "shape": [64], "dtype": "float32", "role": "output"}]
+    program = Program.parse("L^{64}_{a=0}[C^{f32,g}_{a}=exp(A^{f32,g}_{a});];", signature)
+    assert "T.exp(" in lower(program, tvm_form=True).script()
+    assert "T.exp(" not in lower(program).script()
+
+
 def test_nested_calls_stay_linear_in_size():
     """Each polynomial form reads its argument several times, and TVM's code generator substitutes `Let`
     values while it simplifies, so every expanded level multiplies the size of those inside it (`mish`,

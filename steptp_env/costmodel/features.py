@@ -27,11 +27,11 @@ _EXTRACTOR = None
 
 def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
     """`PerStoreFeature` rows of the lowered module, pooled (mean, max, sum) to 3 x 164 numbers. The module is
-    lowered with reductions in their `T.init()` form, the form the packaged model's training programs had
-    (FEATURE_VERSION 1): every program now runs with its reductions initialised before their loops, so the
-    two forms map one to one and the features still tell programs apart as before. float32 exp/log/erf
-    are lowered to arithmetic in both forms (LOWERING_VERSION 2), which shifts the arithmetic counts of
-    programs that use them; a model retrained on runtimes of the new lowering learns what both are worth."""
+    lowered in TVM's form (`T.init()` reductions, TVM's math intrinsics), the form the packaged model's
+    training programs had (FEATURE_VERSION 1). Every program now runs with its reductions initialised
+    before their loops and float32 exp/log/erf as arithmetic (LOWERING_VERSION 2); the two forms map one to
+    one, so the features still tell programs apart as before, and a model retrained on runtimes of the new
+    lowering learns what the changes are worth."""
     global _EXTRACTOR
     ms = meta_schedule()
     from tvm.s_tir import Schedule
@@ -41,7 +41,7 @@ def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
 
     if _EXTRACTOR is None:
         _EXTRACTOR = ms.feature_extractor.PerStoreFeature()
-    module = lower(program, target, decompose_reductions=False)
+    module = lower(program, target, tvm_form=True)
     candidate = ms.MeasureCandidate(Schedule(module), ms.arg_info.ArgInfo.from_prim_func(module["main"]))
     rows = _EXTRACTOR.extract_from(ms.TuneContext(mod=module, target=resolve_target(target)), [candidate])[0]
     rows = rows.numpy()

@@ -63,15 +63,15 @@ def target_kind(target: str | tvm.target.Target) -> str:
     return kind
 
 
-def lower(program: Program, target: str | tvm.target.Target = "llvm", decompose_reductions: bool = True
-          ) -> tvm.IRModule:
+def lower(program: Program, target: str | tvm.target.Target = "llvm", tvm_form: bool = False) -> tvm.IRModule:
     """Lower a program to an IRModule holding one PrimFunc `main`; deterministic for a given program.
-    `decompose_reductions=False` keeps each reduction's initialisation in its block as `T.init()`, the form
-    TVM's schedule rules expect (MetaSchedule decomposes reductions itself); what steptp_env builds and
-    measures is always the decomposed form."""
+    `tvm_form=True` gives the form TVM's own tools expect: each reduction's initialisation in its block as
+    `T.init()` (MetaSchedule's rules decompose reductions themselves) and TVM's math intrinsics instead of
+    `vector_math` (its analyses, e.g. the flop estimator, reject `Let`). What steptp_env builds and measures
+    is always the default form."""
     kind = target_kind(target)
     try:
-        func = _FunctionBuilder(program, kind, decompose_reductions).build()
+        func = _FunctionBuilder(program, kind, tvm_form).build()
     except LoweringError:
         raise
     except Exception as exc:  # TVM's IR builder raises several error types
@@ -80,10 +80,10 @@ def lower(program: Program, target: str | tvm.target.Target = "llvm", decompose_
 
 
 class _FunctionBuilder:
-    def __init__(self, program: Program, kind: str, decompose_reductions: bool = True) -> None:
+    def __init__(self, program: Program, kind: str, tvm_form: bool = False) -> None:
         self.program = program
         self.kind = kind
-        self.decompose_reductions = decompose_reductions
+        self.tvm_form = tvm_form
         self.buffers: dict[str, tirx.Buffer] = {}
         self.iter_vars: dict[str, tirx.Var] = {}
         self.written: set[str] = set()
@@ -132,7 +132,7 @@ class _FunctionBuilder:
                 else:
                     self._equation(n, counter, loops, stmt)
             return
-        if self.decompose_reductions:
+        if not self.tvm_form:
             self._initialisations(n, nest, outer, depth)
         innermost = depth == len(nest.loops) - 1 and not any(isinstance(s, Nest) for s in nest.body)
         wrapped = [acc for eq in nest.body for acc in (eq.lhs, *accesses(eq.rhs))] if innermost else []
@@ -239,7 +239,7 @@ class _FunctionBuilder:
                 self.iter_vars[loop.var] = v
             lowering = _ExprLowering(self, eq, loops, identity, fresh)
             indices = [lowering.index(i) for i in eq.lhs.indices]
-            if red is not None and not self.decompose_reductions:
+            if red is not None and self.tvm_form:
                 with T.init():
                     T.buffer_store(target, lowering.typed(_Lit(identity), target.dtype), indices)
             value = lowering.typed(lowering.value(eq.rhs), target.dtype)
@@ -466,7 +466,7 @@ class _ExprLowering:
         if f == "abs":
             return tirx.abs(self.materialize(args[0]))
         x = self.as_float(args[0])
-        if f in vector_math.FUNCTIONS and _dt(x) == "float32" and \
+        if f in vector_math.FUNCTIONS and _dt(x) == "float32" and not self.fb.tvm_form and \
                 _expanded_depth(expr.args[0]) < vector_math.MAX_NESTED:
             return vector_math.vector_call(f, x)
         return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](x)

@@ -54,15 +54,15 @@ def tune(program: Program, trials: int = 64, threads: int = 1, work_dir: str | P
          seed: int = 0) -> TunedKernel:
     """Tune the program's lowered start TIR with MetaSchedule (`tune_tir`, `trials` measured candidates,
     XGBoost cost model, evolutionary search) for the host CPU with `threads` cores, and build the best
-    schedule. The TIR is lowered with reductions in their `T.init()` form, which MetaSchedule's rules expect
-    (they decompose reductions themselves). Runs builds in worker processes; the kernels are timed in
+    schedule. The TIR is lowered in TVM's form (`lower(..., tvm_form=True)`: `T.init()` reductions, which
+    MetaSchedule's rules decompose themselves, and TVM's math intrinsics, which its analyses accept). Runs builds in worker processes; the kernels are timed in
     LocalRunner workers with the thread count of this process's TVM runtime (`TVM_NUM_THREADS`)."""
     from ..lower import lower
 
     ms = meta_schedule()
     x86_intrinsics_only()
     target = tvm.target.Target(dict(resolve_target("llvm").export(), **{"num-cores": threads}))
-    module = lower(program, "llvm", decompose_reductions=False)
+    module = lower(program, "llvm", tvm_form=True)
     builder = ms.builder.LocalBuilder(timeout_sec=120, initializer=x86_intrinsics_only)
     runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
         number=3, repeat=1, min_repeat_ms=20))
