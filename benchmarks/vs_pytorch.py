@@ -218,20 +218,19 @@ def report() -> str:
                 f"{r['agent_wall_s']:.0f} | {_fmt(r.get('ms_tuning_s'), 0)} | "
                 f"{r['load_before'][0]:.2f}/{r['load_after'][0]:.2f} |")
         kernels = [r for r in mine if "matmul" in r["uri"] or "conv" in r["uri"] or "gemm" in r["uri"]]
-        lines += ["", "| geometric mean | value | over |", "|---|---|---|",
-                  f"| best / PyTorch eager | {_fmt(_geomean([_ratio(r.get('best_s'), r.get('eager_s')) for r in mine]))} "
-                  f"| {len(mine)} workloads |",
-                  f"| best / torch.compile | "
-                  f"{_fmt(_geomean([_ratio(r.get('best_s'), r.get('compiled_s')) for r in mine]))} | {len(mine)} workloads |",
-                  f"| best / MetaSchedule, matmuls and convs | "
-                  f"{_fmt(_geomean([_ratio(r.get('best_s'), r.get('metaschedule_s')) for r in kernels]))} | "
-                  f"{len(kernels)} workloads |",
-                  f"| start / best | {_fmt(_geomean([_ratio(r.get('start_s'), r.get('best_s')) for r in mine]))} | "
-                  f"{len(mine)} workloads |", ""]
+        lines += ["", "| geometric mean | value | over |", "|---|---|---|"]
+        for label, numerator, denominator, rows in (
+                ("best / PyTorch eager", "best_s", "eager_s", mine),
+                ("best / torch.compile", "best_s", "compiled_s", mine),
+                ("best / MetaSchedule, matmuls and convs", "best_s", "metaschedule_s", kernels),
+                ("start / best", "start_s", "best_s", mine)):
+            mean = _geomean([_ratio(r.get(numerator), r.get(denominator)) for r in rows])
+            lines.append(f"| {label} | {_fmt(mean)} | {len(rows)} workloads |")
+        lines.append("")
         problems = [r for r in mine if r.get("failures") or r.get("ms_matches_start") is False]
         for r in problems:
-            lines.append(f"- {r['uri']}: {'; '.join(r.get('failures') or [])}"
-                         f"{' MetaSchedule output differs from the start program' if r.get('ms_matches_start') is False else ''}")
+            differs = " MetaSchedule output differs from the start program" if r.get("ms_matches_start") is False else ""
+            lines.append(f"- {r['uri']}: {'; '.join(r.get('failures') or [])}{differs}")
         lines += ["", "Best episodes:", ""]
         lines += [f"- {r['uri']}: {' -> '.join(r['best_path']) or '(start program)'}" for r in mine]
         lines.append("")

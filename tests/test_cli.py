@@ -19,7 +19,8 @@ def test_print_parse_lower_run_on_inline_text():
     parsed = runner.invoke(app, ["leir", "parse", TEXT, "-s", SIG])
     assert parsed.exit_code == 0 and "max over c" in parsed.stdout
     lowered = runner.invoke(app, ["leir", "lower", TEXT, "-s", SIG])
-    assert lowered.exit_code == 0 and "T.sblock" in lowered.stdout and "C_n0_init" in lowered.stdout  # before the c loop
+    # the reduction's identity is stored by its own block, before the c loop
+    assert lowered.exit_code == 0 and "T.sblock" in lowered.stdout and "C_n0_init" in lowered.stdout
     cuda = runner.invoke(app, ["leir", "lower", TEXT, "-s", SIG, "--target", "cuda"])
     assert cuda.exit_code == 0 and "blockIdx.x" in cuda.stdout
     ran = runner.invoke(app, ["leir", "run", TEXT, "-s", SIG, "--repeat", "2"])

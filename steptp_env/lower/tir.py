@@ -6,8 +6,8 @@ a block iter var is spatial when the target's subscript mentions it and reduce o
 semantics implemented here are those of docs/leir.md: reductions start from their identity, stored by
 a block of its own placed before the outermost reduced loop (whatever the subscript looks like; never
 `T.init()`, which leaves a test of the reduction variables inside the loop), fresh accumulations read
-the identity instead of the stored value, and lagging reads of a scan's own target are guarded so that the first element reads
-the identity. Building objects directly costs about a millisecond, against tens of milliseconds for
+the identity instead of the stored value, and lagging reads of a scan's own target are guarded so that
+the first element reads the identity. Building objects directly costs about a millisecond, against tens of milliseconds for
 printing and re-parsing TVMScript (numbers in docs/lowering.md).
 """
 from __future__ import annotations

@@ -55,8 +55,8 @@ def tune(program: Program, trials: int = 64, threads: int = 1, work_dir: str | P
     """Tune the program's lowered start TIR with MetaSchedule (`tune_tir`, `trials` measured candidates,
     XGBoost cost model, evolutionary search) for the host CPU with `threads` cores, and build the best
     schedule. The TIR is lowered in TVM's form (`lower(..., tvm_form=True)`: `T.init()` reductions, which
-    MetaSchedule's rules decompose themselves, and TVM's math intrinsics, which its analyses accept). Runs builds in worker processes; the kernels are timed in
-    LocalRunner workers with the thread count of this process's TVM runtime (`TVM_NUM_THREADS`)."""
+    MetaSchedule's rules decompose themselves, and TVM's math intrinsics, which its analyses accept). Runs
+    builds in worker processes; the kernels are timed in LocalRunner workers with the thread count of this process's TVM runtime (`TVM_NUM_THREADS`)."""
     from ..lower import lower
 
     ms = meta_schedule()
