@@ -160,6 +160,25 @@ def test_cache_and_layout_forms():
     assert verify(after, matvec).equivalent
 
 
+def test_blocked_layouts_make_the_innermost_dimension_vector_lanes():
+    """The dimension the innermost loop walks becomes blocks of 16 lanes: packed (a GEMM's weights, each
+    column block contiguous) and in place (NCHWc-like, for a dimension that is not the last)."""
+    matmul = _program("L^{4}_{a=0}L^{6}_{d=0}L^{32}_{c=0}[D^{f64,g}_{a,c}=D^{f64,g}_{a,c}+A^{f64,g}_{a,d}"
+                      "*C^{f64,g}_{d,c};];", ("A", (4, 6), "input"), ("C", (6, 32), "input"),
+                      ("D", (4, 32), "output"))
+    menu = [a["layout"] for a in REGISTRY["layout_transformation"].candidates(matmul, "llvm") if a["tensor"] == "C"]
+    assert ((1, "div", 16), 0, (1, "mod", 16)) in menu
+    assert (0, (1, "div", 16), (1, "mod", 16)) not in menu  # the same memory order as C: not offered
+    after = apply_action(matmul, "layout_transformation(nest=0, tensor=C, layout=[[1,div,16],0,[1,mod,16]])")
+    assert "E^{f64,g}_{c//16,d,c%16}" in after.leir and verify(after, matmul).equivalent
+    channels = _program("L^{2}_{a=0}L^{3}_{d=0}L^{32}_{c=0}[D^{f64,g}_{a,c}=D^{f64,g}_{a,c}+A^{f64,g}_{a,c,d};];",
+                        ("A", (2, 32, 3), "input"), ("D", (2, 32), "output"))
+    menu = [a["layout"] for a in REGISTRY["layout_transformation"].candidates(channels, "llvm")]
+    assert (0, (1, "div", 16), 2, (1, "mod", 16)) in menu and ((1, "div", 16), 0, 2, (1, "mod", 16)) in menu
+    after = apply_action(channels, "layout_transformation(nest=0, tensor=A, layout=[0,[1,div,16],2,[1,mod,16]])")
+    assert "^{f64,g}_{a,c//16,d,c%16}" in after.leir and verify(after, channels).equivalent
+
+
 def test_storage_and_index_forms():
     after = apply_action(PADDED, "set_storage_layout(tensor=E, layout=[[1,0]])")
     assert "E^{f64,g}_{(c*2+d)*2+a}" in after.leir and verify(after, PADDED).equivalent

@@ -131,6 +131,9 @@ class Strategy:
 
     name: str = ""
     params: tuple[str, ...] = ()
+    alternative_params: tuple[str, ...] = ()
+    """A second parameter set `check` accepts: a form of the strategy with other parameters (e.g.
+    reduction_factorization's `lanes`, cache_read_write's `at`)."""
     nest_local: bool = False
     """True when the candidates at nest i depend only on that nest (and `nest_context`): they are then
     computed per nest and cached, so a step pays only for the nests it changed."""
@@ -181,8 +184,10 @@ class Strategy:
         if action.strategy != self.name:
             raise IllegalActionError(f"{action.text} is not a {self.name} action")
         names = [k for k, _ in action.params]
-        if sorted(names) != sorted(self.params):
-            raise IllegalActionError(f"{self.name} takes parameters {', '.join(self.params)}; got {', '.join(names)}")
+        if sorted(names) != sorted(self.params) and sorted(names) != sorted(self.alternative_params or ("",)):
+            accepted = ", ".join(self.params) + (f" or {', '.join(self.alternative_params)}"
+                                                 if self.alternative_params else "")
+            raise IllegalActionError(f"{self.name} takes parameters {accepted}; got {', '.join(names)}")
 
 
 _NEST_CANDIDATES: dict[tuple, tuple[int, list[Action]]] = {}

@@ -1,13 +1,12 @@
 """Memory strategies: where intermediate values live and how they are laid out.
 
-cache_read_write         stage the reads of a tensor (or the writes of a result) through a cache copy
 layout_transformation    copy a tensor read by a nest into a new tensor with another layout
 set_storage_scope        move an intermediate to global, local or shared memory
 set_storage_layout       change the layout of an intermediate in place (every access re-indexed)
 precompute_indices       hoist an affine subscript into an int64 index tensor computed by its own nest
 
-(reduction_factorization, which splits a reduction into partial reductions and a combine nest, lives in
-`reduction_factorization.py` and shares this module's helpers.)
+(cache_read_write and reduction_factorization, which splits a reduction into partial reductions and a
+combine nest, live in modules of their own and share this module's helpers.)
 
 New nests (copies, index tensors) follow the reference's form: they are placed right next to the nest they
 serve, iterate over the loops whose variables their subscripts use, and in a program bound to the GPU the
@@ -204,15 +203,6 @@ def _check_tensor_name(value) -> str:
     return value
 
 
-def _scope_menu(nbytes: int | None, target: str) -> str:
-    """The scope a new cache gets: local on the CPU (registers/stack) and shared on the GPU when it is small
-    enough, else global."""
-    small = nbytes is not None
-    if target == "cuda":
-        return "s" if small and nbytes <= SHARED_MEMORY_BYTES else "g"
-    return "l" if small and nbytes <= LOCAL_SCOPE_LIMIT_BYTES else "g"
-
-
 def _new_tensors(before: Program, after: Program) -> list[str]:
     old = set(before.tensors)
     return [name for name in after.tensors if name not in old]
@@ -331,9 +321,18 @@ def _derive_layout(old: tuple[Expr, ...], new: tuple[Expr, ...]):
     return tuple(layout)
 
 
-def _layout_menu(shape: tuple[int, ...], loop_order: tuple[int, ...] | None = None) -> list[tuple]:
+LANE_BLOCKS = (16, 8)
+"""Block sizes of the blocked layouts the menu offers, first that divides: 16 float32 lanes fill an AVX-512
+register, 8 an AVX2 one."""
+
+
+def _layout_menu(shape: tuple[int, ...], loop_order: tuple[int, ...] | None = None,
+                 lanes: int | None = None) -> list[tuple]:
     """A few layouts worth trying: the dimensions in loop order (so the innermost loop walks the last
-    dimension), reversed, column-major flattened, and the first dimension split in blocks."""
+    dimension), reversed, column-major flattened, the first dimension split in blocks, and, when dimension
+    `lanes` is the one the innermost loop walks, blocked layouts that make it vector lanes: packed
+    (`[[k,div,16],...,[k,mod,16]]`, the block index outermost: a GEMM's packed weights, each column block
+    contiguous) and in place (`[...,[k,div,16],...,[k,mod,16]]`: NCHWc when k is the channels)."""
     rank = len(shape)
     menu: list[tuple] = []
     identity = tuple(range(rank))
@@ -346,6 +345,12 @@ def _layout_menu(shape: tuple[int, ...], loop_order: tuple[int, ...] | None = No
     if factors:
         f = factors[len(factors) // 2]
         menu.append(((0, "div", f), (0, "mod", f)) + identity[1:])
+    block = next((f for f in LANE_BLOCKS if lanes is not None and f < shape[lanes] and shape[lanes] % f == 0), None)
+    if block is not None:
+        others = tuple(d for d in identity if d != lanes)
+        menu.append(((lanes, "div", block),) + others + ((lanes, "mod", block),))
+        if lanes != rank - 1:
+            menu.append(tuple((d, "div", block) if d == lanes else d for d in identity) + ((lanes, "mod", block),))
     unique = []
     for layout in menu:
         if layout not in unique:
@@ -353,9 +358,22 @@ def _layout_menu(shape: tuple[int, ...], loop_order: tuple[int, ...] | None = No
     return unique
 
 
+def _lanes_dimension(site: _Site) -> int | None:
+    """The dimension whose subscript is the innermost loop's variable, alone (a blocked layout can make it
+    vector lanes), or None."""
+    if not site.loops:
+        return None
+    innermost = Var(site.loops[-1].var)
+    return next((d for d, index in enumerate(site.access.indices) if index == innermost), None)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Copy sources (cache_read_write, layout_transformation)
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _read_site(nest: Nest, tensor: str) -> _Site | None:
+    return next((s for s in _sites(nest) if not s.is_write and s.access.name == tensor), None)
 
 
 def _copy_source(program: Program, n: int, tensor: str) -> tuple[_Site | None, str]:
@@ -378,161 +396,6 @@ def _copy_source(program: Program, n: int, tensor: str) -> tuple[_Site | None, s
         return None, (f"{_text(source)} can reach outside {tensor} (a guarded read); an unguarded copy "
                       "would read out of bounds")
     return site, ""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# cache_read_write
-# ---------------------------------------------------------------------------------------------------------
-
-
-@register
-class CacheReadWrite(Strategy):
-    """Stage accesses of `tensor` in nest `nest` through a new cache tensor in scope `scope`.
-
-    `mode=read`: a copy nest placed just before the nest copies `tensor` at the subscripts of its first read
-    there (over the loops those subscripts use) and every read at those subscripts reads the cache instead.
-    Preconditions: the nest reads `tensor` as a value and does not write it (so the copy sees the values the
-    nest would read); the subscripts hold no index tensor and stay inside `tensor` for every iteration (a
-    read guarded by `if_then_else`, like a padding's `c-2`, would be copied unguarded).
-    `mode=write`: the nest computes into the cache and a copy nest placed just after it copies the result
-    out. Preconditions: every equation of the nest that writes `tensor` writes the same subscripts, and no
-    earlier nest writes `tensor` (the cache starts where the tensor started: fresh).
-    Scopes: `g`, `l`, `s`; candidates offer local memory on the CPU and shared memory on the GPU when the
-    cache is small enough, global memory otherwise.
-    """
-
-    name = "cache_read_write"
-    params = ("nest", "tensor", "mode", "scope")
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        found = []
-        for n, nest in enumerate(program.nests):
-            for tensor, mode in self._sites(program, n):
-                size = self._cache_bytes(program, n, tensor, mode)
-                found.append(self.action(nest=n, tensor=tensor, mode=mode, scope=_scope_menu(size, target)))
-        return found
-
-    @staticmethod
-    def _sites(program: Program, n: int) -> list[tuple[str, str]]:
-        """(tensor, mode) of every cacheable read and write of nest n, in source order."""
-        nest = program.nests[n]
-        reads_ = [(name, "read") for name in dict.fromkeys(s.access.name for s in _sites(nest) if not s.is_write)
-                  if _copy_source(program, n, name)[0]]
-        return reads_ + [(name, "write") for name in writes(nest) if _write_cache_site(program, n, name) is None]
-
-    @staticmethod
-    def _cache_bytes(program: Program, n: int, tensor: str, mode: str) -> int | None:
-        site = _read_site(program.nests[n], tensor) if mode == "read" else _first_write(program.nests[n], tensor)
-        shape = _extent_of(site.access.indices, site.loops)
-        return None if shape is None else _nbytes(shape, program.tensors[tensor].dtype)
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        n, tensor, mode, scope = action["nest"], action["tensor"], action["mode"], action["scope"]
-        nest = nest_at(program, n)
-        _check_tensor_name(tensor)
-        if scope not in SCOPE_NAMES:
-            _fail(f"scope must be one of g, l, s; got {scope!r}")
-        if tensor not in program.tensors:
-            _fail(f"no tensor {tensor!r} in the program")
-        cache = fresh_tensor(program)
-        if mode == "read":
-            return self._cache_read(program, n, nest, tensor, cache, scope)
-        if mode == "write":
-            return self._cache_write(program, n, nest, tensor, cache, scope)
-        _fail(f"mode must be read or write, got {mode!r}")
-
-    @staticmethod
-    def _cache_read(program: Program, n: int, nest: Nest, tensor: str, cache: str, scope: str) -> Program:
-        site, reason = _copy_source(program, n, tensor)
-        if site is None:
-            _fail(reason)
-        source = site.access
-        loops = _staging_loops(site.loops, _vars_of(source.indices))
-        rename = _bind_first(loops, _is_gpu(nest))
-        copy_src = _substitute(source, rename)
-        copy = Nest(tuple(loops), (Equation(Access(cache, source.dtype, scope, copy_src.indices), copy_src),))
-        staged = _map_accesses(nest, lambda a: replace(a, name=cache, scope=scope) if a == source else a,
-                               _site_binding(site))
-        return _rebuild(program, list(program.nests[:n]) + [copy, staged] + list(program.nests[n + 1:]))
-
-    @staticmethod
-    def _cache_write(program: Program, n: int, nest: Nest, tensor: str, cache: str, scope: str) -> Program:
-        reason = _write_cache_site(program, n, tensor)
-        if reason is not None:
-            _fail(reason)
-        site = _first_write(nest, tensor)
-        target = site.access
-        staged = _map_accesses(nest, lambda a: replace(a, name=cache, scope=scope) if a.name == tensor else a)
-        loops = _staging_loops(site.loops, _vars_of(target.indices))
-        rename = _bind_first(loops, _is_gpu(nest))
-        out = _substitute(target, rename)
-        copy = Nest(tuple(loops), (Equation(out, replace(out, name=cache, scope=scope)),))
-        return _rebuild(program, list(program.nests[:n]) + [staged, copy] + list(program.nests[n + 1:]))
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        """The reference caches in local memory whatever the size: take the scope from the new tensor."""
-        scopes = sorted({after.tensors[t].scope for t in _new_tensors(before, after)})
-        return [self.action(nest=n, tensor=t, mode=m, scope=s)
-                for n in range(len(before.nests)) for t, m in self._sites(before, n) for s in scopes]
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        n, tensor, mode, scope = action["nest"], action["tensor"], action["mode"], action["scope"]
-        cache = _new_tensors(before, after)[0]
-        info = after.tensors[cache]
-        size = _nbytes(info.shape, info.dtype)
-        where = SCOPE_NAMES[scope]
-        if mode == "read":
-            site = _read_site(before.nests[n], tensor)
-            copy_nest, user = after.nests[n], after.nests[n + 1]
-            reads_count = sum(1 for s in _sites(user) if s.access.name == cache)
-            reuse = _iterations(user) / max(1, math.prod(info.shape))
-            return (f"Staged the reads of {_text(site.access)} in nest {n} through the cache {cache} "
-                    f"({'x'.join(map(str, info.shape)) or 'scalar'}, {size} bytes, {where} memory): the new "
-                    f"nest {n} copies it in {_iterations(copy_nest)} iteration(s) and nest {n + 1} reads the "
-                    f"cache at {reads_count} place(s) instead of {tensor}. Legal because nest {n} reads "
-                    f"{tensor} but does not write it and the subscripts stay inside {tensor}, so the copy "
-                    f"holds exactly the values it would read. Nest {n + 1} runs {_iterations(user)} iterations "
-                    f"over {math.prod(info.shape)} cached element(s), about {reuse:.3g} reads per element, now "
-                    f"from {where} memory: the copy pays off when that reuse is high and {where} memory is "
-                    f"faster than where {tensor} lives.")
-        copy_nest, nest = after.nests[n + 1], before.nests[n]
-        per_element = _iterations(nest) / max(1, math.prod(info.shape))
-        gain = (f"nest {n} writes each element about {per_element:.3g} times, now in {where} memory, and "
-                f"{tensor} is written once per element" if per_element > 1 else
-                f"nest {n} writes each element once, so the cache only pays off as a staging step for later "
-                f"transformations of nest {n}")
-        return (f"Redirected the writes of {tensor} in nest {n} to the cache {cache} "
-                f"({'x'.join(map(str, info.shape)) or 'scalar'}, {size} bytes, {where} memory) and added nest "
-                f"{n + 1}, which copies the result out to {tensor} in {_iterations(copy_nest)} iteration(s). "
-                f"Legal because no earlier nest writes {tensor}, so the cache starts from the same state, and "
-                f"every write of {tensor} in nest {n} uses the same subscripts, which the copy-out covers. "
-                f"Cost: {gain}.")
-
-
-def _read_site(nest: Nest, tensor: str) -> _Site | None:
-    return next((s for s in _sites(nest) if not s.is_write and s.access.name == tensor), None)
-
-
-def _first_write(nest: Nest, tensor: str) -> _Site | None:
-    return next((s for s in _sites(nest) if s.is_write and s.access.name == tensor), None)
-
-
-def _write_cache_site(program: Program, n: int, tensor: str) -> str | None:
-    """Why the writes of `tensor` in nest n cannot go through a cache (None when they can)."""
-    nest = program.nests[n]
-    written_at = [s for s in _sites(nest) if s.is_write and s.access.name == tensor]
-    if not written_at:
-        return f"nest {n} does not write {tensor}"
-    spans = {(s.access, tuple(sorted(_site_binding(s).items()))) for s in written_at}
-    if len(spans) > 1:
-        return (f"nest {n} writes {tensor} at {len(spans)} different subscripts or loop extents; one copy-out "
-                "cannot cover them")
-    if _written_before(program, n, tensor):
-        return f"{tensor} is written before nest {n}; a fresh cache would lose those values"
-    if any(True for i in written_at[0].access.indices for _ in accesses(i)):
-        return f"the subscripts of {tensor} in nest {n} read an index tensor"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -571,7 +434,7 @@ class LayoutTransformation(Strategy):
                 continue
             shape = _extent_of(site.access.indices, site.loops)
             menu = [self.action(nest=n, tensor=tensor, layout=layout)
-                    for layout in _layout_menu(shape, _loop_order(site))]
+                    for layout in _layout_menu(shape, _loop_order(site), _lanes_dimension(site))]
             # the site decides whether a permutation applies, so after the first one the others only
             # have to parse (applying each would rebuild and re-validate the whole program); a split
             # layout also needs a plain subscript, so it is always applied

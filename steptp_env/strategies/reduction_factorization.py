@@ -132,16 +132,7 @@ class ReductionFactorization(Strategy):
 
     name = "reduction_factorization"
     params = SPLIT_PARAMS
-    """The split form's parameters; `check` also accepts LANES_PARAMS."""
-
-    def check(self, action: Action) -> None:
-        if action.strategy == self.name and sorted(k for k, _ in action.params) == sorted(LANES_PARAMS):
-            return
-        if action.strategy == self.name and sorted(k for k, _ in action.params) != sorted(SPLIT_PARAMS):
-            names = ", ".join(k for k, _ in action.params)
-            raise IllegalActionError(f"{self.name} takes parameters {', '.join(SPLIT_PARAMS)} or "
-                                     f"{', '.join(LANES_PARAMS)}; got {names}")
-        super().check(action)
+    alternative_params = LANES_PARAMS
 
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
         found = []
