@@ -13,6 +13,7 @@ printing and re-parsing TVMScript (numbers in docs/lowering.md).
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Union
@@ -26,7 +27,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import LoweringError
 from ..ir.analysis import accumulation, index_range, reduction, reduction_identity, scan_operator
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
-                      children, equations, free_vars, walk)
+                      children, equations, free_vars, map_children, walk)
 from ..ir.dtypes import float_rank, is_float
 from ..ir.program import Program
 from . import vector_math
@@ -35,14 +36,17 @@ GPU_AXES = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
             "bx": "blockIdx.x", "by": "blockIdx.y", "bz": "blockIdx.z"}
 """Prefix of a `B` loop's variable name -> the CUDA axis it binds (`tx`, `bxc`, `tya`, ...)."""
 
-LOWERING_VERSION = "2"
+LOWERING_VERSION = "3"
 """Changes whenever the code a program lowers to changes, and is stored with every measurement (1: `T.init()`
 reductions and libm math; 2: reductions initialised before their loops, float32 exp/log/erf from
-`vector_math`). Store keys hash the lowered module itself, so no runtime is ever reused across versions."""
+`vector_math`; 3: a local intermediate whose accesses all lie under one loop is allocated inside that loop,
+one iteration's tile, see `placement`). Store keys hash the lowered module itself, so no runtime is ever
+reused across versions."""
 
 LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
-"""On CPU a `local` intermediate lives on the stack; larger ones stay global so deep copies cannot
-overflow it. The choice never changes results."""
+"""On CPU a `local` intermediate lives on the stack when it is at most this large (for one allocated inside
+a loop, its tile: `placement`); larger ones stay global so deep copies cannot overflow it. The choice never
+changes results."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,84 @@ def lower(program: Program, target: str | tvm.target.Target = "llvm", tvm_form: 
     return tvm.IRModule({"main": func})
 
 
+def placement(program: Program, name: str) -> tuple[tuple | None, int]:
+    """Where intermediate `name` can live and how many bytes it needs there: a loop (a `_keyed_equations`
+    key) inside which every iteration can have a fresh tile, and the bytes one iteration touches; (None, the
+    whole tensor's bytes) where there is no such loop.
+
+    The loop is the deepest one around every access, outside the outermost reduced loop of every reduction
+    into `name` (its initialisation is emitted there). A fresh tile per iteration gives the results of the
+    whole tensor when each iteration reads only what it wrote itself: every access touches the same
+    elements in an iteration (the same subscript up to the names of the loops inside: `_inner_form`), and
+    the first access in an iteration writes (a reduction's initialisation counts). That is the tile of
+    `cache_read_write(..., at=X)`; a scan's lagging read, or a read before the write, keeps the tensor
+    whole. The builder allocates such a tile inside its loop and TVM's `CompactBufferAllocation` shrinks it
+    to the span computed here (outer loops held at 0; affine subscripts give the same span at every value)."""
+    info = program.tensors[name]
+    width = tvm.DataType(info.dtype).bits // 8
+    whole = math.prod(info.shape) * width
+    sites, first_is_write = [], None
+    for n, nest in enumerate(program.nests):
+        for keys, loops, eq in _keyed_equations(nest, (n,)):
+            red = reduction(loops, eq) if eq.lhs.name == name else None
+            if red is not None:
+                keys = keys[:min(k for k, l in enumerate(loops) if l.var in red.reduced_vars)]
+            reads = [acc for acc in accesses(eq.rhs) if acc.name == name and not (red and acc == eq.lhs)]
+            if first_is_write is None and (reads or eq.lhs.name == name):
+                first_is_write = not reads
+            sites.extend((keys, loops, acc) for acc in (eq.lhs, *reads) if acc.name == name)
+    common = os.path.commonprefix([keys for keys, _, _ in sites]) if sites else ()
+    if not common or not first_is_write or len({_inner_form(acc, loops, len(common)) for _, loops, acc in sites}) > 1:
+        return None, whole
+    spans: dict[int, tuple[int, int]] = {}
+    for _, loops, acc in sites:
+        bounds = {l.var: 1 if k < len(common) else l.extent for k, l in enumerate(loops)}
+        for d, index in enumerate(acc.indices):
+            rng = index_range(index, bounds)
+            if rng is None:
+                return None, whole
+            lo, hi = spans.get(d, rng)
+            spans[d] = (min(lo, rng[0]), max(hi, rng[1]))
+    return common[-1], min(whole, math.prod(hi - lo + 1 for lo, hi in spans.values()) * width)
+
+
+def _inner_form(acc: Access, loops: tuple[Loop, ...], outer: int) -> tuple:
+    """An access's subscript with the variables of the loops inside the first `outer` renamed by order of
+    appearance, with their extents: two accesses with the same form touch the same elements in every
+    iteration of the outer loops."""
+    inner = {l.var: l.extent for l in loops[outer:]}
+    names: dict[str, Var] = {}
+    for index in acc.indices:
+        for var in free_vars(index):
+            if var in inner and var not in names:
+                names[var] = Var(f"_{len(names)}")
+    renamed = tuple(_rename(index, names) for index in acc.indices)
+    return renamed, tuple(inner[var] for var in names)
+
+
+def _rename(expr: Expr, names: dict[str, Var]) -> Expr:
+    if isinstance(expr, Var):
+        return names.get(expr.name, expr)
+    return map_children(expr, lambda child: _rename(child, names))
+
+
+def placed_bytes(program: Program, name: str) -> int:
+    """The bytes of intermediate `name` that a build allocates (see `placement`)."""
+    return placement(program, name)[1]
+
+
+def _keyed_equations(nest: Nest, node: tuple, keys: tuple = (), loops: tuple[Loop, ...] = ()):
+    """(loop keys, loops, equation) of every equation of a nest: a loop's key names its place in the nest
+    tree, so two sibling inner nests' loops of the same name and extent still differ."""
+    keys = keys + tuple((node, k) for k in range(len(nest.loops)))
+    loops = loops + nest.loops
+    for b, stmt in enumerate(nest.body):
+        if isinstance(stmt, Nest):
+            yield from _keyed_equations(stmt, (node, b), keys, loops)
+        else:
+            yield keys, loops, stmt
+
+
 class _FunctionBuilder:
     def __init__(self, program: Program, kind: str, tvm_form: bool = False) -> None:
         self.program = program
@@ -87,6 +169,7 @@ class _FunctionBuilder:
         self.buffers: dict[str, tirx.Buffer] = {}
         self.iter_vars: dict[str, tirx.Var] = {}
         self.written: set[str] = set()
+        self.tiles: dict[tuple, list] = {}
 
     # -- function and buffers ------------------------------------------------------------------------
     def build(self) -> tirx.PrimFunc:
@@ -98,11 +181,16 @@ class _FunctionBuilder:
                     buf = T.arg(spec.name, T.buffer(spec.shape, spec.dtype))
                     self.buffers[spec.name] = buf
                 for name, info in self.program.intermediates.items():
+                    key, size = placement(self.program, name) if self.kind == "llvm" and info.scope == "l" \
+                        else (None, 0)
+                    if key is not None and size <= LOCAL_SCOPE_LIMIT_BYTES:
+                        self.tiles.setdefault(key, []).append((name, info))  # allocated inside its loop
+                        continue
                     buf = T.alloc_buffer(info.shape, info.dtype, scope=self._scope(info))
                     IRBuilder.name(name, buf)
                     self.buffers[name] = buf
                 for n, nest in enumerate(self.program.nests):
-                    self._nest(n, nest, (), [0])
+                    self._nest(n, nest, (), [0], (n,))
         return ib.get()
 
     def _scope(self, info) -> str:
@@ -114,21 +202,41 @@ class _FunctionBuilder:
                 return "local"
         return "global"
 
+    @contextmanager
+    def _tiles(self, n: int, key: tuple) -> Iterator[None]:
+        """Inside the loop `key` names, an opaque block allocating the local intermediates placed there
+        (`placement`): TVM keeps a root allocation whole, but shrinks one made in a block to what an
+        iteration of the enclosing loops touches."""
+        placed = self.tiles.get(key)
+        if not placed:
+            yield
+            return
+        with T.sblock(f"{'_'.join(name for name, _ in placed)}_n{n}_tile"):
+            T.reads()  # inferred regions would name the tiles themselves, which are declared only inside
+            T.writes()
+            for name, info in placed:
+                buf = T.alloc_buffer(info.shape, info.dtype, scope="local")
+                IRBuilder.name(name, buf)
+                self.buffers[name] = buf
+            yield
+
     # -- loops ---------------------------------------------------------------------------------------
-    def _nest(self, n: int, nest: Nest, outer: tuple[Loop, ...], counter: list[int]) -> None:
+    def _nest(self, n: int, nest: Nest, outer: tuple[Loop, ...], counter: list[int], node: tuple) -> None:
+        """Emit a nest; `node` names its place in the program's nest tree (`_keyed_equations`)."""
         if self.kind == "cuda" and not outer and not any(l.kind == "B" for l in nest.loops):
             # A nest that binds no GPU axis still has to run on the device: give it a 1x1 launch.
             with T.thread_binding(0, 1, thread="blockIdx.x"):
-                self._loops(n, nest, outer, 0, counter)
+                self._loops(n, nest, outer, 0, counter, node)
         else:
-            self._loops(n, nest, outer, 0, counter)
+            self._loops(n, nest, outer, 0, counter, node)
 
-    def _loops(self, n: int, nest: Nest, outer: tuple[Loop, ...], depth: int, counter: list[int]) -> None:
+    def _loops(self, n: int, nest: Nest, outer: tuple[Loop, ...], depth: int, counter: list[int],
+               node: tuple) -> None:
         loops = outer + nest.loops[:depth]
         if depth == len(nest.loops):
-            for stmt in nest.body:
+            for b, stmt in enumerate(nest.body):
                 if isinstance(stmt, Nest):
-                    self._nest(n, stmt, loops, counter)
+                    self._nest(n, stmt, loops, counter, (node, b))
                 else:
                     self._equation(n, counter, loops, stmt)
             return
@@ -136,8 +244,8 @@ class _FunctionBuilder:
             self._initialisations(n, nest, outer, depth)
         innermost = depth == len(nest.loops) - 1 and not any(isinstance(s, Nest) for s in nest.body)
         wrapped = [acc for eq in nest.body for acc in (eq.lhs, *accesses(eq.rhs))] if innermost else []
-        with self._loop(nest.loops[depth], loops, wrapped):
-            self._loops(n, nest, outer, depth + 1, counter)
+        with self._loop(nest.loops[depth], loops, wrapped), self._tiles(n, (node, depth)):
+            self._loops(n, nest, outer, depth + 1, counter, node)
 
     @contextmanager
     def _loop(self, loop: Loop, enclosing: tuple[Loop, ...], wrapped: list[Access]) -> Iterator[None]:
