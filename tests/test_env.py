@@ -14,8 +14,10 @@ from gymnasium.utils.env_checker import check_env
 import steptp_env  # noqa: F401  (registers the ids)
 from steptp_env import from_torch
 from steptp_env.env import STOP, EnvState, StepTPEnv
+from steptp_env.env.fuzz import bad_action
 from steptp_env.errors import StepTPError
 from steptp_env.frontend.workload import Workload
+from steptp_env.strategies import apply_action
 
 TINY = ["level1/matmul", "level1/softmax", "level1/relu", "level1/layer_norm", "level1/sum_over_dim",
         "level1/conv1d_padded_bias", "level1/log_softmax", "level2/gemm_relu_divide", "level1/matvec",
@@ -87,24 +89,94 @@ def test_rewards_telescope_to_the_log_speedup(tmp_path):
     assert terminated and reward == 0.0 and info["error"] is None
 
 
-def _garbage(rng: np.random.Generator, env: StepTPEnv) -> object:
-    """Something a bad policy or a confused LLM might send. (Programs that are valid LEIR but compute
-    something else cost a build each; test_text_mode_forms and test_validate_catches_a_wrong_step send
-    those.)"""
-    leir = env.program.leir
-    choices = [
-        lambda: int(rng.integers(-5, 0)), lambda: env.catalog.size + int(rng.integers(0, 9)), lambda: 2.5,
-        lambda: None, lambda: "", lambda: "loop_split(", lambda: "loop_split(nest=99, loop=c, factor=2)",
-        lambda: "loop_split(nest=0, loop=zz, factor=3)", lambda: "loop_split(nest=0, loop=a, factor=7)",
-        lambda: "no_such_strategy(nest=0)", lambda: "cache_read_write(nest=0, tensor=NOPE, mode=read, scope=l)",
-        lambda: "online_softmax(nest=0)", lambda: '{"transformed_IR": 3}', lambda: "{not json",
-        lambda: json.dumps({"transformed_IR": leir.replace("[", "(", 1), "applied_strategy": "loop_split"}),
-        lambda: json.dumps({"transformed_IR": leir.replace("}_{a,", "}_{", 1), "applied_strategy": "loop_split"}),
-        lambda: json.dumps({"transformed_IR": leir.replace("A^", "Q^", 1), "applied_strategy": "x"}),
-        lambda: "<think>hmm</think><answer>" + json.dumps({"transformed_IR": leir[:-3]}) + "</answer>",
-        lambda: "".join(chr(int(c)) for c in rng.integers(32, 127, 40)),
-    ]
-    return choices[int(rng.integers(len(choices)))]()
+def test_hybrid_mode_pays_only_for_verified_programs(tmp_path):
+    """Hybrid mode (the constructor's and `make demo`'s mode), measured for real: by default every step is
+    verified, measured or not; with verify_steps=False a step paid on a prediction says it was not verified
+    and why. Rewards telescope in both."""
+    for verify_steps in (None, False):
+        env = make(tmp_path, "level1/matmul", mode="hybrid", verify_steps=verify_steps)
+        env.reset(seed=1)
+        assert env.runtime_s > 0 and env.oracle.counts["measured"] + env.oracle.counts["stored"] == 1
+        env.best_s = 0.0  # no prediction claims a new best, so steps the model is sure of stay predicted
+        rng = np.random.default_rng(1)
+        sources = []
+        for _ in range(4):
+            legal = np.flatnonzero(env.action_masks()[1:]) + 1
+            _, reward, _, _, info = env.step(int(rng.choice(legal)))
+            assert info["error"] is None, info["error"]
+            sources.append(info["runtime_source"])
+            predicted = info["runtime_source"] == "predicted"
+            assert info["verified"] is (verify_steps is None or not predicted), info
+            assert ("unverified" in info) is (not info["verified"])
+            if not info["verified"]:
+                assert "predicted runtime" in info["unverified"] and "not checked" in info["unverified"]
+        assert "predicted" in sources, sources
+        assert math.isclose(sum(env.state.rewards), math.log(env.initial_s / env.runtime_s), rel_tol=1e-9)
+
+
+def test_model_mode_predictions_stay_put_while_hybrid_envs_learn(tmp_path):
+    """Model mode shares the frozen packaged model; hybrid environments learn on their own copy, and a sample
+    met again (a store hit in another environment sharing that copy) is not added twice."""
+    from steptp_env.costmodel import default_model
+
+    shared = default_model()
+    model_env = make(tmp_path, "level1/matmul")
+    model_env.reset(seed=0)
+    assert model_env.oracle.model is shared and shared.frozen
+    with pytest.raises(RuntimeError, match="frozen"):
+        shared.update(model_env.oracle.features(model_env.program)[None], [1e-3])
+    programs = [model_env.program] + [model_env.catalog.decode(int(i), model_env.groups) for i in
+                                      (np.flatnonzero(model_env.action_masks()[1:])[:3] + 1)]
+    programs = [programs[0]] + [apply_action(programs[0], a) for a in programs[1:]]
+    predicted = [model_env.oracle.predict(p).runtime_s for p in programs]
+    samples = len(shared.y)
+
+    learner = make(tmp_path, "level1/matmul", mode="hybrid", verify_steps=False)
+    learner.reset(seed=0)
+    assert learner.oracle.model is not shared and not learner.oracle.model.frozen
+    steps = [int(i) + 1 for i in np.flatnonzero(learner.action_masks()[1:])[:3]]
+    for index in steps:
+        learner.reset(seed=0)
+        learner.step(index)
+    learned = len(learner.oracle.model.y) - samples
+    assert learned == learner.oracle.counts["measured"] + learner.oracle.counts["stored"] >= 1
+    twin = make(tmp_path, "level1/matmul", mode="hybrid", verify_steps=False, model=learner.oracle.model)
+    for index in steps:  # the same programs: store hits now, already learned
+        twin.reset(seed=0)
+        twin.step(index)
+    assert twin.oracle.counts["stored"] >= 1 and len(learner.oracle.model.y) - samples == learned
+    assert len(shared.y) == samples
+    assert [model_env.oracle.predict(p).runtime_s for p in programs] == predicted
+
+
+def test_the_uncertainty_penalty_takes_the_spread_off_predicted_rewards(tmp_path):
+    plain, careful = make(tmp_path, "level1/matmul"), make(tmp_path, "level1/matmul", uncertainty_penalty=2.0)
+    plain.reset(seed=0)
+    careful.reset(seed=0)
+    action = int(np.flatnonzero(plain.action_masks()[1:])[0]) + 1
+    _, reward, _, _, info = plain.step(action)
+    _, penalised, _, _, careful_info = careful.step(action)
+    assert info["spread"] > 0 and "uncertainty_penalty" not in info
+    assert careful_info["uncertainty_penalty"] == pytest.approx(2.0 * info["spread"])
+    assert penalised == pytest.approx(reward - 2.0 * info["spread"])
+    with pytest.raises(ValueError, match="uncertainty_penalty"):
+        make(tmp_path, "level1/matmul", uncertainty_penalty=-1)
+
+
+def test_the_protocol_is_the_cost_models(tmp_path):
+    """Where a model predicts, the protocol is the one its timings were taken under (1 thread for the
+    packaged model) and another is refused; measure mode takes any, all cores by default."""
+    import os
+
+    from steptp_env.measure import Protocol
+
+    env = make(tmp_path, "level1/matmul")
+    assert env.oracle.protocol.threads == env.oracle.model.threads == 1
+    for mode in ("model", "hybrid"):
+        with pytest.raises(ValueError, match="trained on timings at 1 thread"):
+            make(tmp_path, "level1/matmul", mode=mode, protocol=Protocol(threads=2))
+    assert make(tmp_path, "level1/matmul", mode="measure").oracle.protocol.threads == (os.cpu_count() or 1)
+    assert make(tmp_path, "level1/matmul", mode="measure", protocol=Protocol(threads=2)).oracle.protocol.threads == 2
 
 
 @pytest.mark.parametrize("action_mode", ["index", "text"])
@@ -122,7 +194,7 @@ def test_fuzz_never_raises_and_rejections_keep_the_state(tmp_path, action_mode):
                 action = int(rng.choice(legal)) if len(legal) else STOP
                 action = action if action_mode == "index" else env.catalog.decode(action, env.groups).text
             else:
-                action = _garbage(rng, env)
+                action = bad_action(rng, env)
                 if action_mode == "index" and isinstance(action, str):
                     action = int(rng.choice(np.flatnonzero(~env.action_masks())))
             _, reward, terminated, _, info = env.step(action)
@@ -133,6 +205,48 @@ def test_fuzz_never_raises_and_rejections_keep_the_state(tmp_path, action_mode):
             if terminated:
                 env.reset(seed=1)
     assert rejected > 700
+
+
+class _Injected(RuntimeError):
+    pass
+
+
+def _raise(*args, **kwargs):
+    raise _Injected("injected failure")
+
+
+@pytest.mark.parametrize("where", ["enumeration", "explanation", "prediction"])
+def test_a_failure_after_the_action_is_undone(tmp_path, monkeypatch, where):
+    """A failure after the action was read (enumerating the new program's candidates, explaining the step,
+    the hybrid calibration's prediction) undoes the step: penalty, the reason in info, the state as before,
+    and the next step works."""
+    from steptp_env.env import catalog
+    from steptp_env.env.runtime import Estimate
+    from steptp_env.strategies import REGISTRY
+
+    env = make(tmp_path, "level1/matmul", mode="hybrid" if where == "prediction" else "model")
+    env.reset(seed=0)
+    action = int(np.flatnonzero(env.action_masks()[1:])[0]) + 1
+    text = env.action_text(action)
+    strategy = REGISTRY[text.split("(")[0]]
+    before = (env.program.leir, env.runtime_s, env.best_s, list(env.state.actions), list(env.state.rewards))
+    with monkeypatch.context() as patch:
+        if where == "enumeration":  # the new program's menus are computed afresh (no remembered lists)
+            patch.setattr(catalog, "_GROUPS", type(catalog._GROUPS)())
+            patch.setattr(type(REGISTRY["loop_reorder"]), "candidates", _raise)
+            patch.setattr(type(REGISTRY["loop_reorder"]), "nest_candidates", _raise)
+        elif where == "explanation":
+            patch.setattr(type(strategy), "explain", _raise)
+        else:
+            patch.setattr(type(env.oracle), "predict", _raise)
+            # a measured runtime without timing anything: the calibration then asks the model for a prediction
+            patch.setattr(type(env.oracle), "runtime", lambda *a, **k: Estimate(env.runtime_s / 2, "measured"))
+        _, reward, terminated, _, info = env.step(action)
+    assert "injected failure" in info["error"] and "undone" in info["error"], info["error"]
+    assert reward == env.penalty and not terminated
+    assert (env.program.leir, env.runtime_s, env.best_s, list(env.state.actions), list(env.state.rewards)) == before
+    _, reward, _, _, info = env.step(action)
+    assert info["error"] is None and env.state.actions == [text]
 
 
 def test_text_mode_forms(tmp_path):

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..measure import Protocol, ResultStore, measure, record_key
+from ..measure.context import context
 from ..strategies import apply_action, candidates
 from ..workloads import get_workload
 from .features import FEATURE_VERSION, features
@@ -42,12 +43,13 @@ def collect(store: ResultStore, uris: Iterable[str], per_workload: int, preset: 
     for uri in uris:
         wl = get_workload(uri, preset=preset)
         store.add_workload(uri, wl.program, preset)
+        where = context(wl)
         for program in random_programs(wl.program, per_workload, max_steps, seed):
-            key = record_key(program, "llvm", protocol.key)
+            key = record_key(program, "llvm", protocol.key, where)
             if store.get(key) is not None:
                 continue
             m = measure(program, wl, "llvm", protocol)
-            store.put(key, m.to_dict(), uri, features(program).tolist() if m.ok else None)
+            store.put(key, m.to_dict(), uri, features(program).tolist() if m.ok else None, where)
             written += 1
             if progress:
                 progress(uri, written)

@@ -15,8 +15,12 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "default_model"
 
 @functools.lru_cache(maxsize=1)
 def default_model() -> CostModel:
-    """The packaged model (loaded once per process)."""
+    """The packaged model, loaded once per process and frozen: every model-mode environment shares it, so
+    its predictions never change within a process; online learning (hybrid and measure modes) works on a
+    `copy()`."""
     if not (DEFAULT_MODEL_DIR / "model.json").exists():
         raise FileNotFoundError(f"no packaged cost model at {DEFAULT_MODEL_DIR}; train one with "
                                 "`steptp costmodel train`")
-    return CostModel.load(DEFAULT_MODEL_DIR)
+    model = CostModel.load(DEFAULT_MODEL_DIR)
+    model.frozen = True
+    return model

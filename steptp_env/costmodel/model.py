@@ -7,13 +7,14 @@ model retrains when its data has grown by a fifth since the last fit.
 from __future__ import annotations
 
 import json
-import platform
+import re
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import xgboost
 
+from ..measure.context import machine_description
 from .features import FEATURE_VERSION, SIZE
 
 PARAMS = {"max_depth": 8, "eta": 0.15, "subsample": 0.9, "colsample_bytree": 0.8, "min_child_weight": 1,
@@ -33,10 +34,19 @@ class CostModel:
         self.y = np.zeros(0, np.float64)  # log seconds
         self.fitted_on = 0
         self.meta: dict = {}
+        self.frozen = False
+        self.sample_keys: set[str] = set()
 
     @property
     def trained(self) -> bool:
         return bool(self.boosters)
+
+    @property
+    def threads(self) -> int | None:
+        """The thread count of the protocol its training timings were taken under (`meta["protocol"]`), or
+        None where that was not recorded: predictions are runtimes under that protocol only."""
+        match = re.search(r"threads=(\d+)", str(self.meta.get("protocol") or ""))
+        return int(match.group(1)) if match else None
 
     def fit(self, X: np.ndarray, runtimes_s: Sequence[float]) -> CostModel:
         """Train from scratch on these samples (kept as the model's data)."""
@@ -45,11 +55,25 @@ class CostModel:
         self._train()
         return self
 
-    def update(self, X: np.ndarray, runtimes_s: Sequence[float]) -> bool:
+    def update(self, X: np.ndarray, runtimes_s: Sequence[float], keys: Sequence[str] | None = None) -> bool:
         """Add samples; retrain when the data grew by `retrain_growth` since the last fit. Returns whether
-        it retrained."""
-        self.X = np.concatenate([self.X, np.asarray(X, np.float32).reshape(-1, SIZE)])
-        self.y = np.concatenate([self.y, np.log(np.asarray(runtimes_s, np.float64))])
+        it retrained. With `keys` (one per row, e.g. a store record's key), a sample already added under its
+        key is not added again: environments sharing a model meet the same stored records. A frozen model
+        (the packaged one, shared by every model-mode environment of a process) refuses: learn on a
+        `copy()`."""
+        if self.frozen:
+            raise RuntimeError("this cost model is frozen (shared, so that model-mode predictions do not change "
+                               "under other environments); update a copy() instead")
+        X = np.asarray(X, np.float32).reshape(-1, SIZE)
+        y = np.log(np.asarray(runtimes_s, np.float64))
+        if keys is not None:
+            fresh = [i for i, key in enumerate(keys) if key not in self.sample_keys]
+            self.sample_keys.update(keys)
+            X, y = X[fresh], y[fresh]
+            if not len(y):
+                return False
+        self.X = np.concatenate([self.X, X])
+        self.y = np.concatenate([self.y, y])
         if len(self.y) >= max(2, self.fitted_on * (1 + self.retrain_growth)):
             self._train()
             return True
@@ -72,6 +96,14 @@ class CostModel:
         data = np.asarray(X, np.float32).reshape(-1, SIZE)
         logs = np.stack([b.inplace_predict(data, validate_features=False) for b in self.boosters])
         return np.exp(logs.mean(0)), logs.std(0)
+
+    def copy(self) -> CostModel:
+        """An independent, unfrozen copy (boosters, data, sample keys) to learn on."""
+        twin = CostModel(members=self.members, seed=self.seed, retrain_growth=self.retrain_growth)
+        twin.boosters = [booster.copy() for booster in self.boosters]
+        twin.X, twin.y, twin.fitted_on = self.X.copy(), self.y.copy(), self.fitted_on
+        twin.meta, twin.sample_keys = dict(self.meta), set(self.sample_keys)
+        return twin
 
     # -- persistence ---------------------------------------------------------------------------------
     def save(self, directory: Path | str) -> Path:
@@ -103,15 +135,3 @@ class CostModel:
             model.X, model.y = data["X"], data["y"]
         model.fitted_on = len(model.y)
         return model
-
-
-def machine_description() -> str:
-    import os
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores"

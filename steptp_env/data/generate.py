@@ -134,7 +134,10 @@ class _Generator:
         self.writer = JsonlWriter(self.path, {"config": _jsonable(asdict(config)), "versions": versions(),
                                               "created": created})
         self.store = ResultStore(out / "store.sqlite")
-        self.model = default_model() if config.mode != "measure" else None
+        # model mode shares the frozen packaged model; hybrid learns online, on one copy for the whole run
+        self.model = None if config.mode == "measure" else default_model()
+        if config.mode == "hybrid":
+            self.model = self.model.copy()
         self.protocol = Protocol(threads=1)
         self.result = GenerateResult()
 
@@ -145,8 +148,9 @@ class _Generator:
         from ..env import StepTPEnv
 
         c = self.config
+        # every step is verified below, in worker processes, so the env does not verify it again
         env = StepTPEnv(uri, c.preset, mode=c.mode, target=c.target, dtype=c.dtype, max_steps=c.steps,
-                        store=self.store, model=self.model)
+                        store=self.store, model=self.model, protocol=self.protocol, verify_steps=False)
         return Recorder(env, sink=_Buffer())
 
     # -- planning: run the env to get each job's steps -----------------------------------------------------

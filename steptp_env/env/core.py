@@ -50,13 +50,32 @@ def _squash(x: np.ndarray) -> np.ndarray:
     return np.clip(np.sign(x) * np.log1p(np.abs(x)), -100.0, 100.0).astype(np.float32)
 
 
+def _protocol(mode: str, protocol: Protocol | None, model: CostModel | None) -> Protocol:
+    """The measurement protocol: the one given, else the cost model's thread count where a model predicts
+    (model and hybrid modes; the packaged model's is 1), else all cores. A model trained under another thread
+    count is refused: its predictions are runtimes under its own protocol, and hybrid mode would teach it a
+    mix of both."""
+    trained = model.threads if model is not None and mode != "measure" else None
+    if protocol is None:
+        return Protocol(threads=trained) if trained else Protocol()
+    if trained is not None and protocol.threads != trained:
+        raise ValueError(f"the cost model was trained on timings at {trained} thread(s) and this protocol has "
+                         f"{protocol.threads}: use a model trained at {protocol.threads} thread(s), "
+                         f"Protocol(threads={trained}), or mode='measure'")
+    return protocol
+
+
 class StepTPEnv(gym.Env):
     """Gymnasium environment over LEIR programs. See the module docstring and README for the contract.
 
     workload: a suite URI, a glob over suite URIs (`level1/*softmax*`), a list of URIs, or a `Workload`
     (e.g. from `from_torch`); with several, `reset` samples one with its seed (or takes
     `options={"workload": uri}`). mode: `measure`, `model` or `hybrid`. action_mode: `index` (Discrete over
-    the fixed catalog; an action text is accepted in both modes) or `text`. obs_mode: `vector` (Dict of features and action mask, for SB3) or `text`.
+    the fixed catalog; an action text is accepted in both modes) or `text`. obs_mode: `vector` (Dict of
+    features and action mask, for SB3) or `text`. uncertainty_penalty: a step paid on a predicted runtime
+    gets this times the cost model's spread (its ensemble's standard deviation of log runtime) taken off its
+    reward (`info["uncertainty_penalty"]`), a pessimistic reward that a policy cannot raise by steering into
+    programs the model knows little about; rewards then no longer sum to the log speedup.
     """
 
     metadata = {"render_modes": ["ansi"], "reward_range": (-math.inf, math.inf)}
@@ -66,7 +85,7 @@ class StepTPEnv(gym.Env):
                  dtype: str = "float32", max_steps: int = 32, penalty: float = -1.0,
                  store: ResultStore | str | Path | None = None, model: CostModel | str | Path | None = None,
                  protocol: Protocol | None = None, verify_steps: bool | None = None,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, uncertainty_penalty: float = 0.0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if action_mode not in ("index", "text") or obs_mode not in ("vector", "text"):
@@ -77,6 +96,9 @@ class StepTPEnv(gym.Env):
         self.preset, self.dtype, self.target, self.mode = preset, dtype, target, mode
         self.action_mode, self.obs_mode, self.render_mode = action_mode, obs_mode, render_mode
         self.max_steps, self.penalty = max_steps, penalty
+        if not uncertainty_penalty >= 0:
+            raise ValueError(f"uncertainty_penalty must be >= 0, got {uncertainty_penalty!r}")
+        self.uncertainty_penalty = float(uncertainty_penalty)
         self.verify_steps = mode != "model" if verify_steps is None else verify_steps
         self.metadata = dict(self.metadata, **MODE_METADATA[mode], mode=mode)
         self.catalog = ActionCatalog()
@@ -86,7 +108,9 @@ class StepTPEnv(gym.Env):
             model = default_model()
         elif isinstance(model, (str, Path)):
             model = CostModel.load(model)
-        self.oracle = RuntimeOracle(mode, target, protocol or Protocol(), store, model)
+        if model is not None and model.frozen and mode != "model":
+            model = model.copy()  # measurements update the model online: on this environment's own copy
+        self.oracle = RuntimeOracle(mode, target, _protocol(mode, protocol, model), store, model)
         self._workloads: dict[str, Workload] = {} if self._fixed is None else {self._fixed.uri: self._fixed}
 
         if action_mode == "index":
@@ -165,8 +189,22 @@ class StepTPEnv(gym.Env):
             return self._finish(0.0, True, truncated, {"action": "stop"})
         if "error" in outcome:
             return self._finish(self.penalty, False, truncated, outcome)
+        saved = self._snapshot()
+        try:
+            return self._accept(outcome, truncated)
+        except Exception as exc:  # noqa: BLE001  (explaining, calibrating or enumerating the new program failed)
+            self._restore(saved)
+            error = f"internal error after the action was applied, step undone: {type(exc).__name__}: {exc}"
+            return self._finish(self.penalty, False, truncated, {"error": error, "action": outcome.get("action")})
+
+    def _accept(self, outcome: dict[str, Any], truncated: bool):
+        """Make the evaluated program the new state and return the step's result; whatever raises here is
+        undone by `step`."""
         after, estimate, text = outcome["program"], outcome["estimate"], outcome["action"]
         reward = math.log(self.runtime_s / estimate.runtime_s)
+        if estimate.source == "predicted" and self.uncertainty_penalty:
+            outcome = dict(outcome, uncertainty_penalty=self.uncertainty_penalty * estimate.spread)
+            reward -= outcome["uncertainty_penalty"]
         before = self.program
         self.program, self.runtime_s, self._estimate, self._groups = after, estimate.runtime_s, estimate, None
         self._calibrate(after, estimate)
@@ -180,6 +218,16 @@ class StepTPEnv(gym.Env):
             chosen = Action.parse(text)
             info.update(strategy=chosen.strategy, explain=get_strategy(chosen.strategy).explain(before, chosen, after))
         return self._finish(reward, False, truncated, info)
+
+    def _snapshot(self) -> tuple:
+        """What `_accept` changes, to undo a step that failed half way."""
+        return (self.program, self.runtime_s, self._estimate, self._groups, self._scale, self.best_s,
+                self.best_program, len(self._state.actions), len(self._state.rewards))
+
+    def _restore(self, saved: tuple) -> None:
+        (self.program, self.runtime_s, self._estimate, self._groups, self._scale, self.best_s, self.best_program,
+         actions, rewards) = saved
+        del self._state.actions[actions:], self._state.rewards[rewards:]
 
     def _finish(self, reward: float, terminated: bool, truncated: bool, info: dict):
         self._state.walltime = time.perf_counter() - self._started
@@ -234,11 +282,12 @@ class StepTPEnv(gym.Env):
         return self._evaluate(after, action.text, verify=self._needs_check(action))
 
     def _needs_check(self, action: Action | None) -> bool:
-        """Whether a step is verified even where it is not measured: every step with `verify_steps` in
-        `model` mode, and in every mode a free-form rewrite (`action` None) and an action off the current
-        program's candidate menu (a guard the analysis says is needed left out, a factor no menu offers):
-        the bulk verification of the candidates does not cover those."""
-        if self.verify_steps and self.mode == "model":
+        """Whether a step is verified even where it is not measured: every step with `verify_steps` (the
+        default in `hybrid` mode, so that a reward paid on a prediction is still paid for a checked program),
+        and in every mode a free-form rewrite (`action` None) and an action off the current program's
+        candidate menu (a guard the analysis says is needed left out, a factor no menu offers): the bulk
+        verification of the candidates does not cover those."""
+        if self.verify_steps and self.mode != "measure":
             return True
         return action is None or action not in self.groups.get(action.strategy, ())
 
@@ -256,7 +305,12 @@ class StepTPEnv(gym.Env):
         if estimate.runtime_s is None or estimate.error:
             return {"error": estimate.error or "no runtime", "action": text}
         checked = checked or estimate.measured  # a stored record was verified when it was measured
-        return {"program": after, "estimate": estimate, "action": text, "identified": True, "verified": checked}
+        outcome = {"program": after, "estimate": estimate, "action": text, "identified": True, "verified": checked}
+        if not checked:
+            outcome["unverified"] = ("the reward is paid on a predicted runtime and the program was not checked "
+                                     "in this step (verify_steps=False); its strategy's candidates are verified "
+                                     "in bulk (benchmarks/strategies_verify.py), not this program")
+        return outcome
 
     def _calibrate(self, program: Program, estimate: Estimate) -> None:
         """Hybrid mode: after a measurement, rescale predictions so they agree with it here."""

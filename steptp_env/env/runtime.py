@@ -16,6 +16,7 @@ import numpy as np
 from ..costmodel import CostModel, features
 from ..costmodel.features import SIZE as FEATURE_SIZE
 from ..measure import Measurement, Protocol, ResultStore, measure, record_key
+from ..measure.context import context
 from ..ir.program import Program
 
 MODES = ("measure", "model", "hybrid")
@@ -78,10 +79,11 @@ class RuntimeOracle:
         if memo in self._measured:
             return self._measured[memo]
         record = key = None
+        where = context(workload)
         if self.store is not None:
-            record = self.store.find(workload.uri, program.leir, self.target, self.protocol.key)
+            record = self.store.find(workload.uri, program.leir, self.target, self.protocol.key, where)
             if record is None:
-                key = record_key(program, self.target, self.protocol.key)
+                key = record_key(program, self.target, self.protocol.key, where)
                 record = self.store.get(key)
         if record is not None:
             data = record["measurement"]
@@ -90,16 +92,16 @@ class RuntimeOracle:
             if record.get("features") is not None and len(record["features"]) == FEATURE_SIZE:
                 self._remember(self._features, program.leir, np.asarray(record["features"], np.float32))
                 if self.model is not None and estimate.error is None:
-                    self.model.update(self._features[program.leir][None], [estimate.runtime_s])
+                    self.model.update(self._features[program.leir][None], [estimate.runtime_s], [record["key"]])
         else:
             m = measure(program, workload, self.target, self.protocol)
             self.counts["measured"] += 1
             feats = self.features(program) if m.ok else None
+            key = key or record_key(program, self.target, self.protocol.key, where)
             if self.store is not None:
-                self.store.put(key or record_key(program, self.target, self.protocol.key), m.to_dict(),
-                               workload.uri, None if feats is None else feats.tolist())
+                self.store.put(key, m.to_dict(), workload.uri, None if feats is None else feats.tolist(), where)
             if m.ok and self.model is not None:
-                self.model.update(feats[None], [m.median_s])
+                self.model.update(feats[None], [m.median_s], [key])
             estimate = Estimate(m.median_s, "measured", measurement=m, error=m.error)
         self._remember(self._measured, memo, estimate)
         return estimate
