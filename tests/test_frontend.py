@@ -150,6 +150,36 @@ def test_save_and_load_round_trip(tmp_path):
     assert not list(tmp_path.glob("**/*.pkl"))
 
 
+class _Payload:
+    """Unpickling this runs code: it creates the file named in it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_loading_an_untrusted_folder_runs_nothing_from_it(tmp_path):
+    """A shared folder whose module archive is a crafted pickle: the default load reads JSON and .npz only
+    (no file appears), checks against the saved start program, and still verifies; trust=True loads the
+    archive of a folder one trusts."""
+    import pickle
+
+    wl = net_workload()
+    wl.save(tmp_path / "wl")
+    marker = tmp_path / "pwned"
+    (tmp_path / "wl" / "module.pt2").write_bytes(pickle.dumps(_Payload(str(marker))))
+    loaded = Workload.load(tmp_path / "wl")
+    assert not marker.exists() and loaded.module is None
+    inputs = loaded.make_inputs(1)
+    for name, value in loaded.reference(inputs).items():
+        np.testing.assert_allclose(value, wl.reference(inputs)[name], rtol=1e-5, atol=1e-6)
+    assert verify(loaded.program, loaded).equivalent
+    wl.save(tmp_path / "trusted")
+    assert Workload.load(tmp_path / "trusted", trust=True).module is not None  # the archive, on request
+
+
 def test_content_uri_is_deterministic_and_depends_on_parameters():
     a, b = net_workload(), net_workload()
     assert a.uri == b.uri and a.uri.startswith("torch/")

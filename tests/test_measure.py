@@ -29,7 +29,7 @@ def test_a_measurement_holds_timings_verdict_protocol_and_context():
     assert len(m.timings) == 5 and m.median_s > 0 and m.number >= 1
     assert m.protocol.threads == 1 and "threads=1" in m.protocol.key
     assert m.build_s > 0 and m.verify_s > 0 and m.time_s > 0 and len(m.load_average) == 3
-    assert set(m.versions) == {"steptp_env", "lowering", "tvm", "torch", "numpy"}
+    assert set(m.versions) == {"steptp_env", "lowering", "verifier", "tvm", "llvm", "torch", "numpy", "machine"}
     assert m.to_dict()["median_s"] == m.median_s
 
 

@@ -46,6 +46,54 @@ def test_programs_lowering_to_the_same_module_share_a_key():
     assert record_key(a, "llvm", "p") != record_key(a, "llvm", "q") != record_key(a, "cuda", "p")
 
 
+def test_records_are_found_only_in_their_context(tmp_path):
+    """A record made by other code, on another machine or for another workload (another context) is not
+    found; nor is one from a store written before contexts existed, which opens and gains the column."""
+    import sqlite3
+    from dataclasses import asdict
+
+    from steptp_env.measure import Protocol
+
+    a = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}*2;];", SIG)
+    assert record_key(a, "llvm", "p", "one") != record_key(a, "llvm", "p", "two") != record_key(a, "llvm", "p")
+    protocol = Protocol(threads=1)
+    protocol_key, measurement = protocol.key, dict(fake(1), leir=a.leir, protocol=asdict(protocol))
+    old = tmp_path / "old.sqlite"
+    with sqlite3.connect(old) as conn:  # the schema before contexts, with one record
+        conn.execute("CREATE TABLE records (key TEXT PRIMARY KEY, workload TEXT, leir TEXT NOT NULL, target TEXT "
+                     "NOT NULL, protocol TEXT NOT NULL, median_s REAL, error TEXT, measurement TEXT NOT NULL, "
+                     "features TEXT, created REAL NOT NULL)")
+        conn.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     ("old", "level1/x", a.leir, "llvm", "{}", 1e-3, None, json.dumps(measurement), None, 0.0))
+    with ResultStore(old) as store:
+        assert store.get("old") is not None  # still readable and exportable ...
+        assert store.find("level1/x", a.leir, "llvm", protocol_key, "one") is None  # ... never reused
+        store.put("new", measurement, "level1/x", context="one")
+        assert store.find("level1/x", a.leir, "llvm", protocol_key, "one")["key"] == "new"
+        assert store.find("level1/x", a.leir, "llvm", protocol_key, "two") is None
+
+
+def test_the_context_follows_versions_machine_and_workload(monkeypatch):
+    from steptp_env.measure import context as measurement_context
+    from steptp_env.workloads import get_workload
+
+    small, other = get_workload("level1/relu", preset="tiny"), get_workload("level1/relu", preset="tiny")
+    assert measurement_context.context(small) == measurement_context.context(other)
+    other.params = {**other.params, "extra": other.make_inputs(0)[other.program.signature.inputs[0].name]}
+    other._digest = None
+    assert measurement_context.context(small) != measurement_context.context(other)
+    keys = set(measurement_context.versions())
+    assert {"lowering", "verifier", "tvm", "llvm", "machine"} <= keys
+    before = measurement_context.context(small)
+    monkeypatch.setattr(measurement_context, "VERIFIER_VERSION", "next")
+    measurement_context._versions.cache_clear()
+    try:
+        assert measurement_context.context(small) != before
+    finally:
+        monkeypatch.undo()
+        measurement_context._versions.cache_clear()
+
+
 WRITER = textwrap.dedent("""
     import sys
     from steptp_env.measure.store import ResultStore
@@ -77,7 +125,7 @@ HOLDER = textwrap.dedent("""
     store.put("committed", {"leir": "a", "target": "llvm", "protocol": {}, "median_s": 1.0, "error": None})
     store._conn.execute("BEGIN IMMEDIATE")
     for i in range(1000):
-        store._conn.execute("INSERT INTO records VALUES (?, NULL, 'b', 'llvm', '{}', 1.0, NULL, '{}', NULL, 0)",
+        store._conn.execute("INSERT INTO records VALUES (?, NULL, 'b', 'llvm', '{}', 1.0, NULL, '{}', NULL, 0, NULL)",
                             (f"half-{i}",))
     print("inside", flush=True)
     time.sleep(60)

@@ -1,6 +1,7 @@
 """`Workload`: a starting program with its inputs and its PyTorch reference, and `from_torch`."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import StepTPError
+from ..ir.interpret import interpret
 from ..ir.program import Program
 from .convert import TORCH_TO_DTYPE, UnsupportedOpError, capture, content_uri, convert_graph
 
@@ -41,9 +43,28 @@ class Workload:
         self.params = params
         self.ranges = ranges
         self.preset = preset
+        self._digest: str | None = None
 
     def __repr__(self) -> str:
         return f"Workload({self.uri!r}, preset={self.preset!r}, {len(self.program.nests)} nests)"
+
+    def digest(self) -> str:
+        """A hash of what the reference computes and how it is fed: the program and signature, the parameter
+        values, the input ranges and the module's class (remembered: parameters can be large). Stored
+        verdicts are keyed by it (`measure.context`)."""
+        if self._digest is None:
+            digest = hashlib.sha256()
+            meta = {"leir": self.program.leir, "signature": self.program.signature.to_json(),
+                    "origin": {k: list(v) for k, v in self.origin.items()},
+                    "ranges": {k: [r.low, r.high] for k, r in self.ranges.items()},
+                    "module": f"{type(self.module).__module__}.{type(self.module).__qualname__}"}
+            digest.update(json.dumps(meta, sort_keys=True, default=str).encode())
+            for name in sorted(self.params):
+                array = np.ascontiguousarray(self.params[name])
+                digest.update(f"{name}|{array.dtype}|{array.shape}".encode())
+                digest.update(array.tobytes())
+            self._digest = digest.hexdigest()[:16]
+        return self._digest
 
     def make_inputs(self, seed: int) -> dict[str, np.ndarray]:
         from ..measure.inputs import index_bounds
@@ -77,6 +98,11 @@ class Workload:
         return tuple(torch.from_numpy(np.array(inputs[name])) for _, name in users)
 
     def reference(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs the workload must compute: the PyTorch module's, or, for a workload loaded without
+        its module (`load` of an untrusted folder), those of its start program run by the LEIR interpreter
+        (the program was checked against the module when the workload was translated)."""
+        if self.module is None:
+            return interpret(self.program, inputs)
         args = self.torch_arguments(inputs)
         owned = {n for n, _ in [*self.module.named_parameters(), *self.module.named_buffers()]}
         state = {fqn: torch.from_numpy(np.array(inputs[name])) for name, (kind, fqn) in self.origin.items()
@@ -110,16 +136,19 @@ class Workload:
         return directory
 
     @classmethod
-    def load(cls, directory: Path, module: torch.nn.Module | None = None) -> Workload:
-        """Load a saved workload. The reference module is `module` if given (its parameter values are taken
-        from the saved file), else the saved torch.export archive."""
+    def load(cls, directory: Path, module: torch.nn.Module | None = None, trust: bool = False) -> Workload:
+        """Load a saved workload. The reference is `module` if given (its parameter values are taken from
+        the saved file); else, with `trust=True`, the saved torch.export archive, which torch unpickles (it
+        can run code: only for folders you trust); else the saved start program itself, run by the LEIR
+        interpreter. So by default loading a folder someone shared reads JSON and .npz only and runs
+        nothing from it."""
         directory = Path(directory)
         meta = json.loads((directory / "workload.json").read_text())
         with np.load(directory / "params.npz", allow_pickle=False) as data:
             params = {k: data[k] for k in data.files}
         if module is not None:
             module = module.eval()
-        else:
+        elif trust:
             archive = directory / "module.pt2"
             if not archive.exists():
                 raise StepTPError(f"{directory} holds no exported module; pass the PyTorch module to load it")

@@ -7,17 +7,22 @@ segfaults or hangs, and a wrong result all come back as a `Measurement` with `er
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import fcntl
 import os
 import queue
 import re
 import statistics
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 from ..errors import StepTPError
 from ..ir.program import Program
+from .context import versions
 from .verify import Reference, VerifyReport, verify
 from .worker import MeasureWorker, _build, _build_remote, _run, _time
 
@@ -99,22 +104,34 @@ class Measurement:
         return data
 
 
-def versions() -> dict[str, str]:
-    import numpy
-    import torch
-    import tvm
-
-    from .. import __version__
-    from ..lower import LOWERING_VERSION
-
-    return {"steptp_env": __version__, "lowering": LOWERING_VERSION, "tvm": tvm.__version__,
-            "torch": torch.__version__, "numpy": numpy.__version__}
-
-
 _WORKERS: dict[tuple[int, int], MeasureWorker] = {}
 _WORKERS_LOCK = threading.Lock()
 TIMING_LOCK = threading.Lock()
-"""Held while a kernel is timed: one timing at a time on the machine, whatever runs in parallel."""
+"""Held (with the machine-wide file lock, see `timing_lock`) while a kernel is timed."""
+
+
+def timing_lock_path() -> Path:
+    """$STEPTP_TIMING_LOCK, else one file in /tmp (whatever a process's TMPDIR says): every process of every
+    user on the machine meets the same one."""
+    default = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    return Path(os.environ.get("STEPTP_TIMING_LOCK") or default / "steptp_env-timing.lock")
+
+
+@contextlib.contextmanager
+def timing_lock() -> Iterator[None]:
+    """One timing at a time on the whole machine: this process's threads queue on TIMING_LOCK, processes
+    (vectorised envs, generate workers, benchmarks) on an exclusive `flock` of `timing_lock_path()`, which
+    the kernel releases when a holder dies. Builds and verification run outside it."""
+    with TIMING_LOCK:
+        path = timing_lock_path()
+        with open(path, "a") as handle:
+            with contextlib.suppress(PermissionError):
+                os.chmod(path, 0o666)  # other users of the machine must be able to open it too
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
@@ -168,7 +185,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
             return m
         phase = "timing"
         inputs = _inputs_for_timing(program, workload, protocol)
-        with TIMING_LOCK:
+        with timing_lock():
             start = time.perf_counter()
             m.load_average = os.getloadavg()
             *timings, number = worker.call(_time, key, inputs, protocol.number, protocol.repeat,

@@ -1,7 +1,9 @@
 """`ResultStore`: measurements in one SQLite file, shared by processes, keyed by what was measured.
 
-The key is a hash of the lowered module's structure plus the target and the protocol, so two programs
-that lower to the same TIR share one record. SQLite in WAL mode lets several processes read while one
+The key is a hash of the lowered module's structure plus the target, the protocol and the measurement
+context (`measure.context`: code versions, machine, the workload's reference digest), so two programs that
+lower to the same TIR share one record, and a record made by other code, on another machine or for another
+workload is never reused. Records written before the context existed have none and are never found. SQLite in WAL mode lets several processes read while one
 writes; each record is written in its own transaction, so a writer killed mid-way leaves either the
 whole record or nothing.
 """
@@ -23,7 +25,7 @@ CREATE TABLE IF NOT EXISTS workloads (
     uri TEXT PRIMARY KEY, preset TEXT, leir TEXT NOT NULL, signature TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS records (
     key TEXT PRIMARY KEY, workload TEXT, leir TEXT NOT NULL, target TEXT NOT NULL, protocol TEXT NOT NULL,
-    median_s REAL, error TEXT, measurement TEXT NOT NULL, features TEXT, created REAL NOT NULL);
+    median_s REAL, error TEXT, measurement TEXT NOT NULL, features TEXT, created REAL NOT NULL, context TEXT);
 CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload);
 CREATE INDEX IF NOT EXISTS records_by_program ON records (workload, leir);
 CREATE TABLE IF NOT EXISTS candidates (key TEXT PRIMARY KEY, groups TEXT NOT NULL, created REAL NOT NULL);
@@ -38,14 +40,14 @@ def default_path() -> Path:
     return cache / "steptp_env" / "results.sqlite"
 
 
-def record_key(program: Program, target: str, protocol_key: str) -> str:
-    """Structural hash of the lowered module + target + protocol."""
+def record_key(program: Program, target: str, protocol_key: str, context: str = "") -> str:
+    """Structural hash of the lowered module + target + protocol + measurement context."""
     import tvm_ffi
 
     from ..lower import lower
 
     structure = tvm_ffi.structural_hash(lower(program, target))
-    return hashlib.sha256(f"{structure}|{target}|{protocol_key}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{structure}|{target}|{protocol_key}|{context}".encode()).hexdigest()[:32]
 
 
 def _protocol_key(protocol: dict[str, Any]) -> str:
@@ -64,6 +66,10 @@ class ResultStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(records)")}
+        if "context" not in columns:  # a store from before the context: its records keep none
+            with contextlib.suppress(sqlite3.OperationalError):  # another process added it meanwhile
+                self._conn.execute("ALTER TABLE records ADD COLUMN context TEXT")
 
     def close(self) -> None:
         self._conn.close()
@@ -81,14 +87,16 @@ class ResultStore:
                                (uri, preset, program.leir, json.dumps(program.signature.to_json()), time.time()))
 
     def put(self, key: str, measurement: dict[str, Any], workload: str | None = None,
-            features: list[float] | None = None) -> None:
-        """Store one measurement (as produced by `Measurement.to_dict`) under `key`."""
+            features: list[float] | None = None, context: str | None = None) -> None:
+        """Store one measurement (as produced by `Measurement.to_dict`) under `key`, made in `context`."""
         row = (key, workload, measurement["leir"], measurement["target"], json.dumps(measurement["protocol"],
                sort_keys=True), measurement.get("median_s"), measurement.get("error"),
                json.dumps(measurement, sort_keys=True), None if features is None else json.dumps(features),
-               time.time())
+               time.time(), context)
         with self._transaction():
-            self._conn.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self._conn.execute("INSERT OR REPLACE INTO records (key, workload, leir, target, protocol, median_s, "
+                               "error, measurement, features, created, context) VALUES "
+                               "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def put_candidates(self, key: str, groups: str) -> None:
         """Remember a program's candidate actions (a JSON text; the caller owns the key and the format), so
@@ -119,11 +127,12 @@ class ResultStore:
         row = self._conn.execute("SELECT groups FROM candidates WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
 
-    def find(self, workload: str, leir: str, target: str, protocol_key: str) -> dict[str, Any] | None:
-        """The record of this exact program text of `workload` under `target` and `protocol_key`, found
-        without lowering it (the fast path in front of `get(record_key(...))`), or None."""
-        rows = self._conn.execute("SELECT key, workload, measurement, features FROM records "
-                                  "WHERE workload = ? AND leir = ? AND target = ?", (workload, leir, target))
+    def find(self, workload: str, leir: str, target: str, protocol_key: str,
+             context: str | None = None) -> dict[str, Any] | None:
+        """The record of this exact program text of `workload` under `target`, `protocol_key` and
+        `context`, found without lowering it (the fast path in front of `get(record_key(...))`), or None."""
+        rows = self._conn.execute("SELECT key, workload, measurement, features FROM records WHERE workload = ? "
+                                  "AND leir = ? AND target = ? AND context IS ?", (workload, leir, target, context))
         for row in rows:
             record = self._record(row)
             if _protocol_key(record["measurement"]["protocol"]) == protocol_key:

@@ -92,9 +92,27 @@ def _time(key: str, inputs: dict[str, np.ndarray], number: int, repeat: int, min
     """Child side: one warm-up run (timed, to raise `number` so one timing lasts at least `min_seconds`),
     then `repeat` timings of `number` runs each."""
     kernel = _KERNELS[key]
-    probe = kernel.time(inputs, number=1, repeat=1, warmup=False)[0]
-    number = runs_per_timing(probe, number, min_seconds)
-    return [t for t in kernel.time(inputs, number=number, repeat=repeat, warmup=False)] + [float(number)]
+    with pinned(int(os.environ.get("TVM_NUM_THREADS") or 0)):
+        probe = kernel.time(inputs, number=1, repeat=1, warmup=False)[0]
+        number = runs_per_timing(probe, number, min_seconds)
+        return [t for t in kernel.time(inputs, number=number, repeat=repeat, warmup=False)] + [float(number)]
+
+
+@contextlib.contextmanager
+def pinned(threads: int):
+    """While a one-thread protocol is timed (`threads == 1`), the calling thread, which runs a one-thread
+    TVM kernel or PyTorch call, stays on one core, the highest the process may use, so the scheduler cannot
+    move it mid-timing and cost it its caches; the previous affinity comes back afterwards. Shared by the
+    kernel timings here and PyTorch's in `agents.compare`."""
+    if threads != 1 or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(allowed)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def runs_per_timing(probe: float, number: int, min_seconds: float) -> int:
