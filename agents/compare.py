@@ -22,8 +22,8 @@ from steptp_env.errors import StepTPError
 from steptp_env.frontend.workload import Workload
 from steptp_env.ir import Program
 from steptp_env.measure import Protocol, measure
-from steptp_env.measure.runner import TIMING_LOCK
-from steptp_env.measure.worker import runs_per_timing
+from steptp_env.measure.runner import timing_lock
+from steptp_env.measure.worker import pinned, runs_per_timing
 
 from .common import AgentResult
 
@@ -42,7 +42,7 @@ def torch_seconds(workload: Workload, protocol: Protocol, module: Callable | Non
     threads = torch.get_num_threads()
     torch.set_num_threads(protocol.threads)
     try:
-        with torch.inference_mode(), TIMING_LOCK:
+        with torch.inference_mode(), timing_lock(), pinned(protocol.threads):
             probe = _per_call(module, args, 1)
             number = runs_per_timing(probe, protocol.number, protocol.min_seconds)
             return statistics.median(_per_call(module, args, number) for _ in range(protocol.repeat))

@@ -2,13 +2,15 @@
 
 The policy reads the observation's feature vector and legal-action mask and picks a catalog index; the
 mask keeps it on legal actions, so what it learns is which strategy and site pay off, and when to stop.
-Train and compare with the random policy from the command line:
+Train, compare with the random policy and with stopping at once, and measure the trained policy's final
+programs against the speedups its rewards claimed, from the command line:
 
     python -m agents.ppo -w level1/matmul -w level1/softmax --preset tiny --mode model \
         --timesteps 5000 --out ppo.zip
 """
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -17,7 +19,7 @@ import torch
 import typer
 from sb3_contrib import MaskablePPO
 
-from steptp_env.env import STOP, StepTPEnv
+from steptp_env.env import STOP, EnvState, StepTPEnv
 
 from .common import AgentResult, Search
 from .random_search import Policy, random_policy
@@ -41,17 +43,48 @@ def policy_of(model: MaskablePPO) -> Policy:
 
 def evaluate(policy: Policy, env: StepTPEnv, seeds: Iterable[int]) -> list[float]:
     """The return of one episode per seed (the seed also picks the workload of a multi-workload env)."""
+    return [_episode(policy, env, seed)[0] for seed in seeds]
+
+
+def _episode(policy: Policy, env: StepTPEnv, seed: int) -> tuple[float, EnvState]:
+    """(return, final state) of one episode of `policy`."""
     unwrapped = env.unwrapped
-    returns = []
+    obs, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(policy(obs, unwrapped.action_masks()))
+        total += reward
+        done = terminated or truncated
+    return total, unwrapped.state
+
+
+def measured_finals(policy: Policy, env: StepTPEnv, seeds: Iterable[int]) -> list[dict]:
+    """One episode per seed, its final program then replayed, verified and measured beside the start
+    program (`StepTPEnv.validate`, the env's protocol): what a policy trained on predicted rewards really
+    achieved. Each row: workload, actions, the speedup the rewards claimed (exp of the return) and the
+    measured one (None, with the errors, when validation failed)."""
+    rows = []
     for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(policy(obs, unwrapped.action_masks()))
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
-    return returns
+        total, state = _episode(policy, env, seed)
+        check = env.unwrapped.validate(state)
+        rows.append({"workload": state.workload, "actions": list(state.actions), "claimed": math.exp(total),
+                     "measured": check["speedup"], "errors": check["errors"]})
+    return rows
+
+
+def describe_finals(rows: list[dict]) -> str:
+    """A table of claimed against measured speedups, with stopping at once (x1 by definition) beside."""
+    lines = ["workload | actions | claimed | measured | measured/claimed"]
+    for row in rows:
+        measured = row["measured"]
+        ratio = "-" if measured is None else f"{measured / row['claimed']:.2f}"
+        shown = "-" if measured is None else f"x{measured:.3f}"
+        lines.append(f"{row['workload']} | {len(row['actions'])} | x{row['claimed']:.3f} | {shown} | {ratio}")
+    kept = [r["measured"] for r in rows if r["measured"] is not None]
+    if kept:
+        lines.append(f"geometric mean measured x{statistics.geometric_mean(kept):.3f} over {len(kept)} episodes; "
+                     f"stopping at once: x1.000 (return 0)")
+    return "\n".join(lines)
 
 
 def run(env: StepTPEnv, budget: int, seed: int, *, policy: MaskablePPO | Path | str | None = None) -> AgentResult:
@@ -85,7 +118,8 @@ def main(workload: list[str] = typer.Option(["level1/matmul"], "--workload", "-w
          episodes: int = typer.Option(10, help="evaluation episodes, against the random policy on the same seeds"),
          store: Optional[Path] = typer.Option(None, help="result store (default: the user cache)"),
          out: Path = typer.Option(Path("ppo.zip"), help="where to save the trained model")) -> None:
-    """Train MaskablePPO, save it, and compare its mean return with the random policy's."""
+    """Train MaskablePPO, save it, compare its mean return with the random policy's and with stopping at
+    once, then measure its final programs against what the rewards claimed."""
     env = StepTPEnv(workload if len(workload) > 1 else workload[0], preset, mode=mode, max_steps=max_steps,
                     store=store)
     model = train(env, timesteps, seed)
@@ -93,7 +127,10 @@ def main(workload: list[str] = typer.Option(["level1/matmul"], "--workload", "-w
     seeds = range(seed + 1, seed + 1 + episodes)
     trained = statistics.mean(evaluate(policy_of(model), env, seeds))
     baseline = statistics.mean(evaluate(random_policy(seed), env, seeds))
-    print(f"saved {out}; mean return over {episodes} episodes: ppo {trained:.3f}, random {baseline:.3f}")
+    print(f"saved {out}; mean return over {episodes} episodes: ppo {trained:.3f}, random {baseline:.3f}, "
+          "stopping at once 0.000")
+    print("the policy's final programs, measured:")
+    print(describe_finals(measured_finals(policy_of(model), env, seeds)))
 
 
 if __name__ == "__main__":

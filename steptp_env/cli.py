@@ -276,6 +276,9 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
                                         help="random, greedy, beam, bfs, dfs, mcts, replay or ppo"),
               budget: int = typer.Option(64, help="measurements to spend (env steps in model mode)"),
               mode: str = typer.Option("hybrid", help="measure, model or hybrid"),
+              threads: Optional[int] = typer.Option(None, "--threads", help="threads of the measurement "
+                                                    "protocol (default: the cost model's, 1 for the packaged "
+                                                    "one, in model and hybrid mode; all cores in measure mode)"),
               seed: int = typer.Option(0),
               max_steps: int = typer.Option(32, help="steps per episode: the depth limit of every search"),
               store: Optional[Path] = typer.Option(None, help=STORE_HELP),
@@ -293,6 +296,7 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
     from agents.compare import compare, describe
 
     from .env import StepTPEnv
+    from .measure import Protocol
 
     if agent not in AGENTS:
         _fail(ValueError(f"unknown agent {agent!r}; known: {', '.join(AGENTS)}"))
@@ -304,7 +308,8 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
     if agent == "ppo" and policy is not None:
         options["policy"] = policy
     try:
-        env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps)
+        protocol = None if threads is None else Protocol(threads=threads)
+        env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps, protocol=protocol)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task(f"{agent} on {workload}", total=budget)

@@ -87,7 +87,7 @@ def test_cli_run_writes_state_and_trajectory(tmp_path):
     summary = json.loads((folder / "summary.json").read_text())
     for key in ("compared_start_s", "compared_best_s", "compared_speedup", "torch_s", "best_vs_torch"):
         assert summary[key] > 0, (key, summary)
-    assert summary["compared_threads"] >= 1 and summary["compared_note"] is None
+    assert summary["compared_threads"] == 1 and summary["compared_note"] is None  # the packaged model's
     assert "PyTorch eager" in ran.output and "best/PyTorch" in ran.output
     replayed = runner.invoke(app, ["run", "--agent", "replay", "--state", str(folder / "state.json"),
                                    "--name", "replay", *common])
@@ -95,6 +95,8 @@ def test_cli_run_writes_state_and_trajectory(tmp_path):
     assert EnvState.load(tmp_path / "runs" / "replay" / "state.json").actions == state.actions
     unknown = runner.invoke(app, ["run", "--agent", "annealing", *common])
     assert unknown.exit_code == 2 and "unknown agent" in unknown.output
+    other = runner.invoke(app, ["run", "--agent", "greedy", "--threads", "2", *common])
+    assert other.exit_code == 2 and "trained on timings at 1 thread" in other.output
 
 
 def test_compare_times_start_best_and_pytorch_side_by_side(tmp_path):
@@ -151,7 +153,7 @@ def test_torch_seconds_calls_the_module_directly(monkeypatch):
 
 
 def test_maskable_ppo_beats_the_random_policy(tmp_path):
-    from agents.ppo import evaluate, policy_of, run, train
+    from agents.ppo import describe_finals, evaluate, measured_finals, policy_of, run, train
     from agents.random_search import random_policy
 
     env = StepTPEnv(["level1/matmul", "level1/softmax", "level1/relu"], "tiny", mode="model",
@@ -164,6 +166,9 @@ def test_maskable_ppo_beats_the_random_policy(tmp_path):
     result = run(env, 1, seed=0, policy=model)
     assert result.best_runtime_s <= result.initial_runtime_s
     print(f"PPO 5000 steps: mean return {trained:.3f} against random {baseline:.3f}")
+    rows = measured_finals(policy_of(model), env, seeds[:2])  # the final programs, verified and measured
+    assert [r["errors"] for r in rows] == [[], []] and all(r["measured"] > 0 and r["claimed"] > 0 for r in rows)
+    assert "stopping at once" in describe_finals(rows)
 
 
 def test_a_greedy_run_of_ten_steps_replays_and_validates(tmp_path):
