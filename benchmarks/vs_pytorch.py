@@ -1,20 +1,23 @@
 """The environment's programs beside PyTorch eager, torch.compile and MetaSchedule, on a fixed suite subset.
 
     PYTHONPATH=. python benchmarks/vs_pytorch.py [--threads 1 2] [--workloads URI ...] [--budget 64]
-        [--agent beam] [--mode hybrid] [--ms-trials 64] [--no-metaschedule] [--no-compile] [--report-only]
+        [--agent beam] [--mode hybrid] [--ms-trials 64] [--no-metaschedule] [--no-compile] [--redo]
+        [--report-only]
 
 Each (workload, thread count T) is one item, run in a child process started with TVM_NUM_THREADS=T (TVM
 reads it at import) and torch at T threads:
 1. the standard agent (`--agent`, default beam; hybrid mode, a fresh store and a fresh copy of the packaged
-   cost model) searches the `small` preset with `--budget` measurements under `Protocol(threads=T)`;
+   cost model) searches the `small` preset with `--budget` measurements under `Protocol(threads=T)`; at a
+   thread count the model was not trained for (it was at 1), in measure mode;
 2. MetaSchedule tunes the lowered start program with `--ms-trials` trials for T cores
    (`steptp_env.measure.metaschedule.tune`); its output is checked against the start program's;
 3. torch.compile (inductor) compiles the module; its compile time (the first call) is recorded apart;
 4. the start program, the best program, MetaSchedule's kernel, PyTorch eager called directly
    (`module(*tensors)` under `torch.inference_mode()`) and the compiled module are timed in turn, ROUNDS
    rounds, and the medians kept (`agents.compare`), so every figure of a row is taken under the same load.
-Each finished item is appended to vs_pytorch.progress.jsonl (a rerun skips it, so a long run can stop and go
-on); vs_pytorch.md and vs_pytorch.png are rewritten from that file after each item. The run also measures the
+Each finished item is appended to vs_pytorch.progress.jsonl with the commit and lowering version it ran (a
+rerun skips it, so a long run can stop and go on; `--redo` measures the named items again, and the report
+keeps each item's last record); vs_pytorch.md and vs_pytorch.png are rewritten from that file after each item. The run also measures the
 core's float32 FMA peak (benchmarks/native/fma_peak.c, best of 5) and reports each GEMM's fraction of it.
 Time it on a quiet machine: nothing else running; the load average is recorded per item.
 """
@@ -71,17 +74,20 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
     from steptp_env.env import StepTPEnv
     from steptp_env.measure import Protocol, ResultStore
     from steptp_env.measure.metaschedule import tune
-    from steptp_env.measure.worker import runs_per_timing
+    from steptp_env.measure.runner import timing_lock
+    from steptp_env.measure.worker import pinned, runs_per_timing
     from steptp_env.workloads import get_workload
 
     torch.set_num_threads(threads)
     protocol = Protocol(threads=threads)
     workload = get_workload(uri, PRESET)
     start = workload.program
-    row: dict = {"uri": uri, "threads": threads, "agent": args.agent, "budget": args.budget, "mode": args.mode,
-                 "load_before": os.getloadavg()}
+    model = CostModel.load(DEFAULT_MODEL_DIR)
+    mode = args.mode if model.threads in (None, threads) else "measure"  # the model predicts its protocol only
+    row: dict = {"uri": uri, "threads": threads, "agent": args.agent, "budget": args.budget, "mode": mode,
+                 "code": code_version(), "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "store.sqlite") as store:
-        env = StepTPEnv(uri, PRESET, mode=args.mode, store=store, model=CostModel.load(DEFAULT_MODEL_DIR),
+        env = StepTPEnv(uri, PRESET, mode=mode, store=store, model=None if mode == "measure" else model,
                         protocol=protocol)
         began = time.perf_counter()
         result = get_agent(args.agent)(env, args.budget, args.seed)
@@ -93,8 +99,13 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
     timers = {"start": lambda: kernel_seconds(start, workload, "llvm", protocol),
               "best": lambda: kernel_seconds(best, workload, "llvm", protocol),
               "eager": lambda: torch_seconds(workload, protocol)}
+    tuned = None
     if args.metaschedule:
-        tuned = tune(start, trials=args.ms_trials, threads=threads, seed=args.seed)
+        try:
+            tuned = tune(start, trials=args.ms_trials, threads=threads, seed=args.seed)
+        except Exception as exc:  # noqa: BLE001  (MetaSchedule's failure is a finding of the row, not the end of it)
+            row["failures"] = [f"MetaSchedule: {type(exc).__name__}: {' '.join(str(exc).split())[-400:]}"]
+    if tuned is not None:
         row["ms_tuning_s"], row["ms_trials"] = tuned.tuning_s, tuned.trials
         expected = _outputs(start, inputs)
         got = tuned.kernel(inputs)
@@ -102,9 +113,11 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
                                       for k, v in expected.items())
 
         def metaschedule_seconds() -> float:
-            probe = tuned.kernel.time(inputs, number=1, repeat=1)[0]
-            number = runs_per_timing(probe, protocol.number, protocol.min_seconds)
-            return statistics.median(tuned.kernel.time(inputs, number=number, repeat=protocol.repeat)) / number
+            with timing_lock(), pinned(threads):
+                probe = tuned.kernel.time(inputs, number=1, repeat=1)[0]
+                number = runs_per_timing(probe, protocol.number, protocol.min_seconds)
+                timings = tuned.kernel.time(inputs, number=number, repeat=protocol.repeat)
+            return statistics.median(timings) / number
 
         timers["metaschedule"] = metaschedule_seconds
     if args.compile:
@@ -115,9 +128,21 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
         row["compile_s"] = time.perf_counter() - began
         timers["compiled"] = lambda: torch_seconds(workload, protocol, module=compiled)
     medians, failures = interleave(timers, args.rounds)
-    row.update({f"{name}_s": medians.get(name) for name in TIMERS}, failures=failures,
+    row.update({f"{name}_s": medians.get(name) for name in TIMERS}, failures=row.get("failures", []) + failures,
                gemm_flops=gemm_flops(start) if uri in GEMMS else None, load_after=os.getloadavg())
     return row
+
+
+def code_version() -> dict:
+    """The commit (with `+dirty` when the tree has changes) and lowering version an item ran with."""
+    from steptp_env.lower import LOWERING_VERSION
+
+    def git(*command: str) -> str:
+        return subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return {"commit": commit + ("+dirty" if git("status", "--porcelain", "--", "steptp_env", "agents") else ""),
+            "lowering": LOWERING_VERSION}
 
 
 def _outputs(program, inputs: dict) -> dict:
@@ -159,12 +184,19 @@ def fma_peak_gflops(runs: int = 5, iterations: int = 200_000_000) -> float:
 
 
 def _rows() -> tuple[list[dict], list[dict]]:
-    items, peaks = [], []
+    """The last record of every (workload, threads) item, in SUBSET order, and the FMA peak records."""
+    items: dict[tuple[str, int], dict] = {}
+    peaks = []
     if PROGRESS.exists():
         for line in PROGRESS.read_text().splitlines():
             record = json.loads(line)
-            (peaks if record.get("kind") == "fma_peak" else items).append(record)
-    return items, peaks
+            if record.get("kind") == "fma_peak":
+                peaks.append(record)
+            else:
+                items.pop((record["uri"], record["threads"]), None)
+                items[(record["uri"], record["threads"])] = record
+    order = {uri: k for k, uri in enumerate(SUBSET)}
+    return sorted(items.values(), key=lambda r: order.get(r["uri"], len(order))), peaks
 
 
 def _ms(x: float | None) -> str:
@@ -194,7 +226,13 @@ def report() -> str:
     if peak:
         lines += [f"- single-core float32 FMA peak: {peak['gflops']:.1f} GFLOP/s (benchmarks/native/fma_peak.c, "
                   f"best of 5, load {peak['load'][0]:.2f}, {peak['date']})"]
-    lines += [f"- machine: {os.cpu_count()} CPUs; preset `{PRESET}`", ""]
+    lines += [f"- machine: {os.cpu_count()} CPUs; preset `{PRESET}`"]
+    codes: dict[str, int] = {}
+    for r in items:
+        code = r.get("code") or {"commit": "not recorded", "lowering": "2"}
+        key = f"commit {code['commit']}, lowering {code['lowering']}"
+        codes[key] = codes.get(key, 0) + 1
+    lines += [f"- code: {'; '.join(f'{key} ({n} items)' for key, n in codes.items())}", ""]
     for threads in sorted({r["threads"] for r in items}):
         mine = [r for r in items if r["threads"] == threads]
         agent = mine[0]["agent"]
@@ -309,6 +347,7 @@ def _arguments() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-metaschedule", dest="metaschedule", action="store_false")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--redo", action="store_true", help="measure the named items again even if recorded")
     parser.add_argument("--report-only", action="store_true", help="rewrite the .md and .png from the progress file")
     parser.add_argument("--item", help=argparse.SUPPRESS)
     parser.add_argument("--item-threads", type=int, help=argparse.SUPPRESS)
@@ -333,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for threads in args.threads:
         for uri in args.workloads:
-            if (uri, threads) in _done():
+            if not args.redo and (uri, threads) in _done():
                 continue
             row = _child(uri, threads, shared)
             if "error" in row:
