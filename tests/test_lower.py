@@ -152,3 +152,51 @@ def test_reductions_are_initialised_before_their_outermost_reduced_loop(case):
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, err_msg=name)
 
+
+
+PLACEMENTS = {
+    # name: (program, where the local intermediate E is allocated: the loop variable of its tile, or None)
+    "a tile written then read in each iteration of a": (
+        "L^{4}_{a=0}[L^{8}_{c=0}[E^{f32,l}_{a,c}=A^{f32,g}_{a,c}*2;];L^{8}_{d=0}[B^{f32,g}_{a,d}=E^{f32,l}_{a,d}+1;];];",
+        "a"),
+    "a reduction's tile, initialised inside a": (
+        "L^{4}_{a=0}[L^{8}_{c=0}[E^{f32,l}_{a}=E^{f32,l}_{a}+A^{f32,g}_{a,c};];L^{1}_{d=0}[B^{f32,g}_{a,d}=E^{f32,l}_{a};];];",
+        "a"),
+    "a scan along c reads the element before: whole": (
+        "L^{4}_{a=0}L^{8}_{c=0}[E^{f32,l}_{a,c}=E^{f32,l}_{a,c-1}+A^{f32,g}_{a,c};B^{f32,g}_{a,c}=E^{f32,l}_{a,c};];",
+        None),
+    "read before it is written in the iteration: whole (it reads memory no one wrote, so it is not run)": (
+        "L^{4}_{a=0}L^{8}_{c=0}[B^{f32,g}_{a,c}=E^{f32,l}_{a,c};E^{f32,l}_{a,c}=A^{f32,g}_{a,c};];",
+        None),
+    "another element read than written: whole": (
+        "L^{4}_{a=0}[L^{8}_{c=0}[E^{f32,l}_{a,c}=A^{f32,g}_{a,c};];L^{7}_{d=0}[B^{f32,g}_{a,d}=E^{f32,l}_{a,d+1};];];",
+        None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLACEMENTS))
+def test_a_local_tile_is_allocated_inside_its_loop_only_when_each_iteration_reads_what_it_wrote(case):
+    """`placement`: a local intermediate is allocated per iteration of a loop (and so shrunk to a tile by
+    TVM) only where that cannot change results; the built kernel agrees with the interpreter either way."""
+    from steptp_env.lower.tir import placement
+
+    text, where = PLACEMENTS[case]
+    shape = [4, 8]
+    signature = [{"name": "A", "shape": shape, "dtype": "float32"},
+                 {"name": "B", "shape": shape if "L^{1}" not in text else [4, 1], "dtype": "float32",
+                  "role": "output"}]
+    program = Program.parse(text, signature)
+    key, size = placement(program, "E")
+    assert (key is None) is (where is None), (case, key)
+    names = [block for block, _, _ in _blocks(lower(program)["main"].body) if block.endswith("_tile")]
+    assert bool(names) is (where is not None), names
+    if where is not None:
+        node, depth = key
+        assert node == (0,) and program.nests[0].loops[depth].var == where and size < 4 * 8 * 4
+    if "not run" in case:
+        return
+    inputs = random_inputs(program, 0)
+    expected = interpret(program, inputs)
+    got = build(program)(inputs)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, err_msg=name)
