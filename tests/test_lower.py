@@ -168,8 +168,11 @@ PLACEMENTS = {
     "read before it is written in the iteration: whole (it reads memory no one wrote, so it is not run)": (
         "L^{4}_{a=0}L^{8}_{c=0}[B^{f32,g}_{a,c}=E^{f32,l}_{a,c};E^{f32,l}_{a,c}=A^{f32,g}_{a,c};];",
         None),
+    "read as an index in another nest's target subscript: whole": (
+        "L^{4}_{a=0}L^{8}_{c=0}[E^{i64,l}_{a,c}=7-c;];L^{4}_{a=0}L^{8}_{c=0}[B^{f32,g}_{a,E^{i64,l}_{a,c}}=A^{f32,g}_{a,c};];",
+        None),
     "another element read than written: whole": (
-        "L^{4}_{a=0}[L^{8}_{c=0}[E^{f32,l}_{a,c}=A^{f32,g}_{a,c};];L^{7}_{d=0}[B^{f32,g}_{a,d}=E^{f32,l}_{a,d+1};];];",
+        "L^{4}_{a=0}[L^{8}_{c=0}[E^{f32,l}_{a,c}=A^{f32,g}_{a,c};];L^{8}_{d=0}[B^{f32,g}_{a,d}=E^{f32,l}_{a,(d+1)%8};];];",
         None),
 }
 

@@ -105,7 +105,8 @@ def placement(program: Program, name: str) -> tuple[tuple | None, int]:
             red = reduction(loops, eq) if eq.lhs.name == name else None
             if red is not None:
                 keys = keys[:min(k for k, l in enumerate(loops) if l.var in red.reduced_vars)]
-            reads = [acc for acc in accesses(eq.rhs) if acc.name == name and not (red and acc == eq.lhs)]
+            read = [*accesses(eq.rhs), *(a for index in eq.lhs.indices for a in accesses(index))]  # index tensors too
+            reads = [acc for acc in read if acc.name == name and not (red and acc == eq.lhs)]
             if first_is_write is None and (reads or eq.lhs.name == name):
                 first_is_write = not reads
             sites.extend((keys, loops, acc) for acc in (eq.lhs, *reads) if acc.name == name)
