@@ -62,13 +62,13 @@ def measured_finals(policy: Policy, env: StepTPEnv, seeds: Iterable[int]) -> lis
     """One episode per seed, its final program then replayed, verified and measured beside the start
     program (`StepTPEnv.validate`, the env's protocol): what a policy trained on predicted rewards really
     achieved. Each row: workload, actions, the speedup the rewards claimed (exp of the return) and the
-    measured one (None, with the errors, when validation failed)."""
+    measured one, timed paired with its 95% interval (None, with the errors, when validation failed)."""
     rows = []
     for seed in seeds:
         total, state = _episode(policy, env, seed)
         check = env.unwrapped.validate(state)
         rows.append({"workload": state.workload, "actions": list(state.actions), "claimed": math.exp(total),
-                     "measured": check["speedup"], "errors": check["errors"]})
+                     "measured": check["speedup"], "interval": check["speedup_interval"], "errors": check["errors"]})
     return rows
 
 

@@ -30,7 +30,9 @@ ONE_STEP = ["operator_fusion(nest=1, scope=g)", "compute_inline(nest=2, consumer
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("runs")
-    env = StepTPEnv(WORKLOAD, preset="tiny", mode="model", store=folder / "store.sqlite", max_steps=8)
+    # revisits allowed: the episode undoes its fusion, a step the export filters must drop themselves
+    env = StepTPEnv(WORKLOAD, preset="tiny", mode="model", store=folder / "store.sqlite", max_steps=8,
+                    revisits="allow")
     with_rec = Recorder(env, folder / "episode.jsonl", verify=True)
     with_rec.reset(seed=0)
     infos = [with_rec.step(action)[4] for action in EPISODE]

@@ -445,3 +445,95 @@ def test_actions_off_the_candidate_menu_are_verified_in_model_mode(tmp_path):
     env.reset(seed=0)
     _, _, _, _, info = env.step("online_softmax(nest=1, guard=0, state=scan)")
     assert info["error"] is None and info["verified"] is False
+
+
+def test_measured_rewards_are_paired_timings_and_replay_from_the_store(tmp_path):
+    """In measure mode each step's program is timed interleaved with the previous one: the reward is the log
+    of that ratio and the new runtime the previous one divided by it (so rewards still telescope); the pair
+    is stored, so a replay on the same store times nothing and pays the same rewards."""
+    def run(actions=None):
+        env = make(tmp_path, "level1/matmul", mode="measure")
+        env.reset(seed=2)
+        rng = np.random.default_rng(2)
+        taken, infos = [], []
+        for number in range(3):
+            action = actions[number] if actions else int(rng.choice(np.flatnonzero(env.action_masks()[1:]) + 1))
+            before = env.runtime_s
+            _, reward, _, _, info = env.step(action)
+            assert info["error"] is None, info["error"]
+            pair = info["paired"]
+            assert pair["against"] == "previous" and pair["rounds"] >= 8 and pair["error"] is None
+            assert pair["low"] <= pair["ratio"] <= pair["high"] and info["measured_runtime_s"] > 0
+            assert reward == pytest.approx(math.log(pair["ratio"]), abs=1e-12)
+            assert env.runtime_s == pytest.approx(before / pair["ratio"], rel=1e-12)
+            taken.append(action)
+            infos.append(info)
+        assert math.isclose(sum(env.state.rewards), math.log(env.initial_s / env.runtime_s), rel_tol=1e-9)
+        return taken, env
+
+    taken, first = run()
+    assert first.oracle.counts["paired"] == 3
+    _, second = run(taken)
+    assert second.state.rewards == first.state.rewards
+    assert second.oracle.counts["paired"] == 0 and second.oracle.counts["stored pairs"] == 3
+
+
+def test_unpaired_rewards_and_a_failed_pair_fall_back_to_separate_medians(tmp_path, monkeypatch):
+    from steptp_env.measure import PairedTiming
+
+    env = make(tmp_path, "level1/relu", mode="measure", paired_rewards=False)
+    env.reset(seed=0)
+    before = env.runtime_s
+    _, reward, _, _, info = env.step(int(np.flatnonzero(env.action_masks()[1:])[0]) + 1)
+    assert "paired" not in info and env.oracle.counts["paired"] == 0
+    assert reward == pytest.approx(math.log(before / info["runtime_s"]))
+
+    env = make(tmp_path, "level1/relu", mode="measure")
+    env.reset(seed=0)
+    monkeypatch.setattr(env.oracle, "pair", lambda *a: PairedTiming(error="build failed: injected"))
+    before = env.runtime_s
+    _, reward, _, _, info = env.step(int(np.flatnonzero(env.action_masks()[1:])[0]) + 1)
+    assert info["error"] is None and "separately measured" in info["paired"]["fallback"]
+    assert info["paired"]["error"] == "build failed: injected" and info["runtime_s"] == info["measured_runtime_s"]
+    assert reward == pytest.approx(math.log(before / info["runtime_s"]))
+
+
+def test_steps_back_to_a_visited_program_or_changing_nothing_are_refused_and_masked(tmp_path):
+    """Undo-and-redo loops cannot farm rewards: a step leading back to a program of the episode (up to
+    fresh names), or changing nothing, is refused in every action form and masked in that state from then
+    on; revisits='mask' masks them all up front; revisits='allow' permits them."""
+    env = make(tmp_path, "level1/matmul")
+    env.reset(seed=0)
+    start = env.program
+    forward = next(t for t in env.candidate_texts() if t.startswith("loop_reorder"))
+    _, _, _, _, info = env.step(forward)
+    assert info["error"] is None
+    undo = [a for acts in env.groups.values() for a in acts if apply_action(env.program, a).leir == start.leir]
+    assert undo, "the menu has the inverse reorder"
+    index = env.catalog.encode(undo[0], env.groups)
+    assert index is not None and env.action_masks()[index]  # not known yet: nothing applied it
+    for attempt in (index, undo[0].text, json.dumps({"transformed_IR": start.leir}),
+                    json.dumps({"transformed_IR": env.program.leir})):  # back, or nothing changed
+        before = list(env.state.actions)
+        _, reward, _, _, info = env.step(attempt)
+        assert "already visited or changes nothing" in info["error"] and reward == env.penalty
+        assert env.state.actions == before
+    assert not env.action_masks()[index] and undo[0].text not in env.candidate_texts()
+
+    ahead = make(tmp_path, "level1/matmul", revisits="mask")
+    ahead.reset(seed=0)
+    ahead.step(forward)
+    masked = {int(i) for i in np.flatnonzero(~ahead.action_masks())} & {
+        env.catalog.encode(a, ahead.groups) for a in undo}
+    assert masked == {env.catalog.encode(a, ahead.groups) for a in undo} - {None}
+    legal = np.flatnonzero(ahead.action_masks()[1:]) + 1
+    assert all(apply_action(ahead.program, ahead.action_text(int(i))).leir != start.leir for i in legal)
+
+    free = make(tmp_path, "level1/matmul", revisits="allow")
+    free.reset(seed=0)
+    free.step(forward)
+    assert free.action_masks()[index]
+    _, _, _, _, info = free.step(undo[0].text)
+    assert info["error"] is None and free.program.leir == start.leir
+    with pytest.raises(ValueError, match="revisits"):
+        make(tmp_path, revisits="never")

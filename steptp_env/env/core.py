@@ -2,13 +2,18 @@
 
 Each accepted step lowers the new program and gets its runtime from the `RuntimeOracle` (measured, from
 the store, or predicted); the reward is `log(t_before / t_after)`, so an episode's return is the log of
-its total speedup. An action that is illegal, fails to build, or is not equivalent gets `penalty`, leaves
+its total speedup. A measured step's runtime is, by default, a paired one: the new program and the episode's
+last measured program are timed interleaved in one worker run until the ratio's 95% interval is within +-3%
+(`measure.paired`), and the new runtime is the earlier one divided by that ratio; `info["paired"]` holds the
+ratio, its interval and the rounds, `info["measured_runtime_s"]` the program's own measured median.
+An action that is illegal, fails to build, or is not equivalent gets `penalty`, leaves
 the state as it was and explains itself in `info["error"]`. `step` never raises for anything a policy
 can send; only API misuse does (bad constructor arguments, `step` before `reset`).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import json
 import math
@@ -25,13 +30,15 @@ from ..costmodel import CostModel, default_model
 from ..costmodel.features import SIZE
 from ..errors import StepTPError
 from ..frontend.workload import Workload
+from ..ir.canonical import canonical_text
 from ..ir.program import Program
-from ..measure import Protocol, ResultStore
+from ..measure import Protocol, ResultStore, measure_pair
 from ..measure.runner import measure, versions
 from ..strategies import Action, apply_action, get_strategy, identify
 from ..workloads import get_workload, list_workloads
 from .answer import read_proposal
 from .catalog import STOP, ActionCatalog
+from .revisits import REVISITS, revisiting
 from .runtime import MODES, Estimate, RuntimeOracle
 from .state import EnvState
 
@@ -75,7 +82,14 @@ class StepTPEnv(gym.Env):
     features and action mask, for SB3) or `text`. uncertainty_penalty: a step paid on a predicted runtime
     gets this times the cost model's spread (its ensemble's standard deviation of log runtime) taken off its
     reward (`info["uncertainty_penalty"]`), a pessimistic reward that a policy cannot raise by steering into
-    programs the model knows little about; rewards then no longer sum to the log speedup.
+    programs the model knows little about; rewards then no longer sum to the log speedup. paired_rewards
+    (default: on where steps are measured) times each measured program interleaved with the episode's last
+    measured one, so a reward does not move with the machine's load between two separate measurements.
+    revisits: a step that leads back to a program of this episode (up to fresh names) or changes nothing is
+    refused in every action form (penalty, state unchanged), so loops of undo and redo cannot farm rewards,
+    and its index is masked in that state from then on (`"refuse"`, the default); `"mask"` also applies
+    every candidate of each new state up front, so the mask holds none of them before any is tried (about
+    2 ms per candidate: hundreds of ms per state at `small`); `"allow"` permits them.
     """
 
     metadata = {"render_modes": ["ansi"], "reward_range": (-math.inf, math.inf)}
@@ -85,7 +99,8 @@ class StepTPEnv(gym.Env):
                  dtype: str = "float32", max_steps: int = 32, penalty: float = -1.0,
                  store: ResultStore | str | Path | None = None, model: CostModel | str | Path | None = None,
                  protocol: Protocol | None = None, verify_steps: bool | None = None,
-                 render_mode: str | None = None, uncertainty_penalty: float = 0.0) -> None:
+                 render_mode: str | None = None, uncertainty_penalty: float = 0.0,
+                 paired_rewards: bool | None = None, revisits: str = "refuse") -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if action_mode not in ("index", "text") or obs_mode not in ("vector", "text"):
@@ -100,6 +115,10 @@ class StepTPEnv(gym.Env):
             raise ValueError(f"uncertainty_penalty must be >= 0, got {uncertainty_penalty!r}")
         self.uncertainty_penalty = float(uncertainty_penalty)
         self.verify_steps = mode != "model" if verify_steps is None else verify_steps
+        self.paired_rewards = mode != "model" if paired_rewards is None else bool(paired_rewards)
+        if revisits not in REVISITS:
+            raise ValueError(f"revisits must be one of {', '.join(REVISITS)}, got {revisits!r}")
+        self.revisits = revisits
         self.metadata = dict(self.metadata, **MODE_METADATA[mode], mode=mode)
         self.catalog = ActionCatalog()
         if isinstance(store, (str, Path)) or store is None:
@@ -129,6 +148,9 @@ class StepTPEnv(gym.Env):
         self._state: EnvState | None = None
         self._estimate: Estimate | None = None
         self._groups: dict[str, list[Action]] | None = None
+        self._anchor: tuple[Program, float] | None = None  # the last measured program of the episode, its runtime
+        self._visited: set[str] = set()  # canonical texts of the episode's programs (revisits)
+        self._refused: frozenset[Action] = frozenset()  # this state's candidates refused as revisits
 
     # -- workloads -------------------------------------------------------------------------------------
     @staticmethod
@@ -172,6 +194,9 @@ class StepTPEnv(gym.Env):
         self.initial_s = self.runtime_s = self.best_s = start.runtime_s
         self.best_program = self.program
         self._estimate = start
+        self._anchor = (self.program, start.runtime_s) if start.measured else None
+        self._visited = {canonical_text(self.program)} if self.revisits != "allow" else set()
+        self._refused = frozenset()
         self._groups = None
         return self._observation(), self._info(error=None, action=None, estimate=start)
 
@@ -210,6 +235,10 @@ class StepTPEnv(gym.Env):
         self._calibrate(after, estimate)
         if estimate.runtime_s < self.best_s:
             self.best_s, self.best_program = estimate.runtime_s, after
+        if estimate.measured:
+            self._anchor = (after, estimate.runtime_s)
+        if self.revisits != "allow":
+            self._visited, self._refused = self._visited | {canonical_text(after)}, frozenset()
         self._state.actions.append(text)
         self._state.rewards.append(reward)
         info = dict(outcome, before=before.leir)
@@ -222,11 +251,12 @@ class StepTPEnv(gym.Env):
     def _snapshot(self) -> tuple:
         """What `_accept` changes, to undo a step that failed half way."""
         return (self.program, self.runtime_s, self._estimate, self._groups, self._scale, self.best_s,
-                self.best_program, len(self._state.actions), len(self._state.rewards))
+                self.best_program, self._anchor, self._visited, self._refused, len(self._state.actions),
+                len(self._state.rewards))
 
     def _restore(self, saved: tuple) -> None:
         (self.program, self.runtime_s, self._estimate, self._groups, self._scale, self.best_s, self.best_program,
-         actions, rewards) = saved
+         self._anchor, self._visited, self._refused, actions, rewards) = saved
         del self._state.actions[actions:], self._state.rewards[rewards:]
 
     def _finish(self, reward: float, terminated: bool, truncated: bool, info: dict):
@@ -295,6 +325,11 @@ class StepTPEnv(gym.Env):
         """Runtime (and, when asked, verification) of a proposed program; an `error` when it fails.
         `info["verified"]` says whether the program was checked against the workload in this step (every
         measured program is)."""
+        if self.revisits != "allow" and canonical_text(after) in self._visited:
+            if not text.startswith("leir:"):
+                self._refused = self._refused | {Action.parse(text)}
+            return {"error": f"{text[:200]} is masked out: it leads back to a program this episode already visited "
+                             "or changes nothing (revisits='allow' permits it)", "action": text}
         checked = False
         if verify and self.mode != "measure":  # measuring verifies anyway
             check = measure(after, self.workload, self.target, self.oracle.protocol, timing=False)
@@ -306,11 +341,28 @@ class StepTPEnv(gym.Env):
             return {"error": estimate.error or "no runtime", "action": text}
         checked = checked or estimate.measured  # a stored record was verified when it was measured
         outcome = {"program": after, "estimate": estimate, "action": text, "identified": True, "verified": checked}
+        if estimate.measured and self.paired_rewards and self._anchor is not None:
+            outcome.update(self._paired(after, estimate))
         if not checked:
             outcome["unverified"] = ("the reward is paid on a predicted runtime and the program was not checked "
                                      "in this step (verify_steps=False); its strategy's candidates are verified "
                                      "in bulk (benchmarks/strategies_verify.py), not this program")
         return outcome
+
+    def _paired(self, after: Program, estimate: Estimate) -> dict[str, Any]:
+        """The step's runtime from a paired timing against the episode's last measured program: that
+        program's runtime divided by the measured speedup. When the paired run fails, the separate
+        measurement stands and `info["paired"]` says why."""
+        anchor, anchor_s = self._anchor
+        extra: dict[str, Any] = {"measured_runtime_s": estimate.runtime_s}
+        if anchor.leir == after.leir:
+            return dict(extra, estimate=dataclasses.replace(estimate, runtime_s=anchor_s))
+        pair = self.oracle.pair(anchor, after, self.workload)
+        extra["paired"] = dict(pair.to_dict(), against="previous" if anchor is self.program else "last measured")
+        if pair.error is not None:
+            extra["paired"]["fallback"] = "the reward compares separately measured medians"
+            return extra
+        return dict(extra, estimate=dataclasses.replace(estimate, runtime_s=anchor_s / pair.ratio))
 
     def _calibrate(self, program: Program, estimate: Estimate) -> None:
         """Hybrid mode: after a measurement, rescale predictions so they agree with it here."""
@@ -331,7 +383,19 @@ class StepTPEnv(gym.Env):
         """The legal indices of the current state (for sb3-contrib's MaskablePPO); stop is always legal."""
         if self.program is None:
             raise gym.error.ResetNeeded("call reset() before action_masks()")
-        return self.catalog.mask(self.groups)
+        mask = self.catalog.mask(self.groups)
+        for action in self._revisiting():
+            index = self.catalog.encode(action, self.groups)
+            if index is not None:
+                mask[index] = False
+        return mask
+
+    def _revisiting(self) -> set[Action]:
+        """Candidates of the current program known to lead back to a program of the episode: those refused
+        in this state, and with revisits='mask' every one (each candidate applied)."""
+        if self.revisits == "mask":
+            return revisiting(self.program, self.groups, self._visited) | self._refused
+        return set(self._refused)
 
     def action_text(self, index: int) -> str | None:
         """The action an index stands for in the current state (`stop`, or None when masked out)."""
@@ -341,8 +405,10 @@ class StepTPEnv(gym.Env):
         return None if found is None else found.text
 
     def candidate_texts(self) -> list[str]:
-        """Every candidate action of the current program (also those beyond the catalog's slots)."""
-        return [a.text for found in self.groups.values() for a in found]
+        """Every candidate action of the current program (also those beyond the catalog's slots), but those
+        known to lead back to a program of the episode (see `revisits`)."""
+        masked = self._revisiting()
+        return [a.text for found in self.groups.values() for a in found if a not in masked]
 
     # -- observations and info -------------------------------------------------------------------------
     def _observation(self):
@@ -410,8 +476,8 @@ class StepTPEnv(gym.Env):
 
     def validate(self, state: EnvState | None = None) -> dict[str, Any]:
         """Replay `state` (default: the current episode), verify every program of it against the workload's
-        reference, and re-measure the final one. Returns {"ok", "errors", "final_leir", "runtime_s",
-        "speedup"}."""
+        reference, and re-measure the final one, its speedup over the start timed paired (interleaved).
+        Returns {"ok", "errors", "final_leir", "runtime_s", "speedup", "speedup_interval"}."""
         state = state or self.state
         self._check_compatible(state)
         workload = self._load(state.workload)
@@ -428,9 +494,13 @@ class StepTPEnv(gym.Env):
         final = measure(chain[-1], workload, self.target, self.oracle.protocol)
         if not final.ok:
             errors.append(f"final program: {final.error}")
-        speedup = first.median_s / final.median_s if first.ok and final.ok else None
+        speedup = interval = None
+        if first.ok and final.ok:  # the speedup from a paired timing; separate medians where that fails
+            pair = measure_pair(chain[0], chain[-1], workload, self.target, self.oracle.protocol)
+            speedup = pair.ratio if pair.error is None else first.median_s / final.median_s
+            interval = [pair.low, pair.high] if pair.error is None else None
         return {"ok": not errors, "errors": errors, "final_leir": chain[-1].leir, "runtime_s": final.median_s,
-                "speedup": speedup}
+                "speedup": speedup, "speedup_interval": interval}
 
     def _check_compatible(self, state: EnvState) -> None:
         if state.workload not in self._workloads and self._fixed is None and state.workload not in list_workloads():

@@ -8,6 +8,7 @@ Measured runtimes feed the model online (it retrains as the data grows by ~20%).
 """
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..costmodel import CostModel, features
 from ..costmodel.features import SIZE as FEATURE_SIZE
-from ..measure import Measurement, Protocol, ResultStore, measure, record_key
+from ..measure import Measurement, PairedTiming, Protocol, ResultStore, measure, measure_pair, record_key
 from ..measure.context import context
 from ..ir.program import Program
 
@@ -52,8 +53,9 @@ class RuntimeOracle:
         self.store, self.model, self.spread_limit = store, model, spread_limit
         self._features: OrderedDict[str, np.ndarray] = OrderedDict()
         self._measured: OrderedDict[tuple[str, str], Estimate] = OrderedDict()
+        self._paired: OrderedDict[tuple[str, str, str], PairedTiming] = OrderedDict()
         self._cache_size = cache_size
-        self.counts = {"measured": 0, "stored": 0, "predicted": 0}
+        self.counts = {"measured": 0, "stored": 0, "predicted": 0, "paired": 0, "stored pairs": 0}
 
     def features(self, program: Program) -> np.ndarray:
         """Cost-model features of a program (cached by its text)."""
@@ -105,6 +107,28 @@ class RuntimeOracle:
             estimate = Estimate(m.median_s, "measured", measurement=m, error=m.error)
         self._remember(self._measured, memo, estimate)
         return estimate
+
+    def pair(self, before: Program, after: Program, workload) -> PairedTiming:
+        """The speedup of `after` over `before`, timed interleaved in one worker run (`measure.paired`),
+        kept in memory and in the store under both programs, the target, the protocol and the measurement
+        context: a replay, a fork or a tree search that meets the same pair pays nothing for it again."""
+        memo = (workload.uri, before.leir, after.leir)
+        found = self._paired.get(memo)
+        if found is not None:
+            return found
+        key = hashlib.sha256("\0".join((*memo, self.target, self.protocol.key, context(workload))).encode())
+        stored = self.store.get_pair(key.hexdigest()[:32]) if self.store is not None else None
+        if stored is not None:
+            found = PairedTiming.from_dict(stored)
+            self.counts["stored pairs"] += 1
+        else:
+            found = measure_pair(before, after, workload, self.target, self.protocol)
+            self.counts["paired"] += 1
+            if found.error is None and self.store is not None:
+                self.store.put_pair(key.hexdigest()[:32], found.to_dict())
+        if found.error is None:
+            self._remember(self._paired, memo, found)
+        return found
 
     def runtime(self, program: Program, workload, best_s: float | None = None, scale: float = 1.0) -> Estimate:
         """The runtime of `program` in this oracle's mode. `best_s` is the best runtime of the episode so

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -97,11 +97,21 @@ class Kernel:
         """Seconds per run, one entry per repeat (TVM's time_evaluator), after one untimed warm-up run
         unless the caller has just run the kernel on these inputs itself."""
         args = self._arguments(inputs)
-        module = self._module if self._session is not None else self.executable.mod
-        evaluator = module.time_evaluator("main", self.device, number=number, repeat=repeat, min_repeat_ms=0)
+        evaluator = self._evaluator(number, repeat)
         if warmup:
             self.main(*args)
         return list(evaluator(*args).results)
+
+    def timer(self, inputs: Mapping[str, np.ndarray], number: int) -> Callable[[], float]:
+        """A callable taking one timing (seconds per run, over `number` runs) on arguments made once: for
+        callers that interleave the timings of two kernels (`measure.paired`)."""
+        args = self._arguments(inputs)
+        evaluator = self._evaluator(number, 1)
+        return lambda: evaluator(*args).results[0]
+
+    def _evaluator(self, number: int, repeat: int):
+        module = self._module if self._session is not None else self.executable.mod
+        return module.time_evaluator("main", self.device, number=number, repeat=repeat, min_repeat_ms=0)
 
     @property
     def source(self) -> str:

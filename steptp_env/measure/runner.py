@@ -24,7 +24,7 @@ from ..errors import StepTPError
 from ..ir.program import Program
 from .context import versions
 from .verify import Reference, VerifyReport, verify
-from .worker import MeasureWorker, _build, _build_remote, _run, _time
+from .worker import MeasureWorker, _build, _build_remote, _run, _time, kernel_key
 
 
 def _default_threads() -> int:
@@ -155,7 +155,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         remote = Remote.parse(remote)
     m = Measurement(program.leir, target if remote is None else f"{target}@{remote.url}", protocol,
                     versions=versions())
-    key = f"{os.getpid()}-{id(m)}"
+    key = kernel_key(program, target if remote is None else f"{target}@{remote.url}")
     signature = program.signature.to_json()
 
     phase = "build"

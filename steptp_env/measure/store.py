@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload);
 CREATE INDEX IF NOT EXISTS records_by_program ON records (workload, leir);
 CREATE TABLE IF NOT EXISTS candidates (key TEXT PRIMARY KEY, groups TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS pairs (key TEXT PRIMARY KEY, pair TEXT NOT NULL, created REAL NOT NULL);
 """
 
 
@@ -104,6 +105,13 @@ class ResultStore:
         with self._transaction():
             self._conn.execute("INSERT OR REPLACE INTO candidates VALUES (?, ?, ?)", (key, groups, time.time()))
 
+    def put_pair(self, key: str, pair: dict[str, Any]) -> None:
+        """Remember a paired timing of two programs (`measure.paired`; the caller owns the key, which must
+        hold both programs, the target, the protocol and the measurement context)."""
+        with self._transaction():
+            self._conn.execute("INSERT OR REPLACE INTO pairs VALUES (?, ?, ?)",
+                               (key, json.dumps(pair, sort_keys=True), time.time()))
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
         """One write transaction, taken immediately so concurrent writers queue instead of deadlocking."""
@@ -126,6 +134,11 @@ class ResultStore:
         """The candidate list stored under `key` by `put_candidates`, or None."""
         row = self._conn.execute("SELECT groups FROM candidates WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
+
+    def get_pair(self, key: str) -> dict[str, Any] | None:
+        """The paired timing stored under `key` by `put_pair`, or None."""
+        row = self._conn.execute("SELECT pair FROM pairs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def find(self, workload: str, leir: str, target: str, protocol_key: str,
              context: str | None = None) -> dict[str, Any] | None:

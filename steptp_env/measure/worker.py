@@ -82,6 +82,38 @@ def _build(key: str, leir: str, signature: list, target: str) -> float:
     return time.perf_counter() - start
 
 
+def kernel_key(program, target: str) -> str:
+    """The name a built kernel has in the worker: its program and target, so that a later request for the
+    same program (a paired timing after its measurement) finds it built."""
+    import hashlib
+    import json
+
+    text = "\0".join((program.leir, json.dumps(program.signature.to_json(), sort_keys=True), target))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _ensure_built(key: str, leir: str, signature: list, target: str) -> float:
+    """Child side: build unless this child holds the kernel already (then 0 seconds)."""
+    if key in _KERNELS:
+        _KERNELS.move_to_end(key)
+        return 0.0
+    return _build(key, leir, signature, target)
+
+
+def _time_pair(key_before: str, key_after: str, inputs: dict[str, np.ndarray], min_seconds: float,
+               halfwidth: float, max_rounds: int, budget_s: float) -> dict[str, list[float]]:
+    """Child side: the two kernels timed in alternating rounds (`paired.interleave`), each timing long
+    enough (`min_seconds`) for the timer; seconds per run for each."""
+    from .paired import interleave
+
+    kernels = [_KERNELS[key_before], _KERNELS[key_after]]
+    with pinned(int(os.environ.get("TVM_NUM_THREADS") or 0)):
+        numbers = [runs_per_timing(k.time(inputs, number=1, repeat=1)[0], 1, min_seconds) for k in kernels]
+        timers = [k.timer(inputs, n) for k, n in zip(kernels, numbers)]
+        before, after = interleave(*timers, halfwidth=halfwidth, max_rounds=max_rounds, budget_s=budget_s)
+    return {"before": before, "after": after}
+
+
 def _run(key: str, inputs: list[dict[str, np.ndarray]]) -> list[tuple[dict, list[str]]]:
     """Child side: run the built kernel once per input set; (outputs, names of changed inputs) per set."""
     kernel = _KERNELS[key]

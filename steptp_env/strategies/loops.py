@@ -14,12 +14,13 @@ from typing import Callable, Iterator
 from ..errors import IllegalActionError, StepTPError
 from ..ir.ast import (And, BinOp, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
                       all_loops, children, equations, free_vars, map_children, rename_var)
+from ..ir.canonical import AXIS_PREFIXES
 from ..ir.program import Program
 from .base import Action, Strategy, register
 from .loop_deps import BandDependences, affine, band_dependences
 from .util import factor_menu, fresh_loop_var, nest_at, tile_menu
 
-GPU_AXES = ("bx", "by", "bz", "tx", "ty", "tz")
+GPU_AXES = AXIS_PREFIXES
 """Bound-loop name prefixes, as the lowering reads them (`bya` is blockIdx.y)."""
 AXIS_LIMITS = {"bx": 2 ** 31 - 1, "by": 65535, "bz": 65535, "tx": 1024, "ty": 1024, "tz": 64}
 MAX_THREADS = 1024

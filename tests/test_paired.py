@@ -1,0 +1,80 @@
+"""Paired timing (`measure.paired`): the median-ratio statistics and the interleaved worker run on real
+kernels. No assertion is about speed: a test checks what was measured and how, not how fast it was."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from steptp_env import Program
+from steptp_env.measure import PairedTiming, measure_pair
+from steptp_env.measure.paired import MIN_ROUNDS, interleave, log_ratios, median_interval
+from steptp_env.measure.runner import Protocol
+
+SIG = [{"name": "A", "shape": [48, 48], "dtype": "float32"}, {"name": "B", "shape": [48, 48], "dtype": "float32"},
+       {"name": "C", "shape": [48, 48], "dtype": "float32", "role": "output"}]
+BODY = "[C^{f32,g}_{a,c}=C^{f32,g}_{a,c}+A^{f32,g}_{a,d}*B^{f32,g}_{d,c};];"
+ACD = Program.parse("L^{48}_{a=0}L^{48}_{c=0}L^{48}_{d=0}" + BODY, SIG)
+ADC = Program.parse("L^{48}_{a=0}L^{48}_{d=0}L^{48}_{c=0}" + BODY, SIG)
+ONE = Protocol(threads=1, build_timeout=60, run_timeout=20)
+
+
+def reference(t):
+    return t["A"].astype(np.float64) @ t["B"]
+
+
+@pytest.mark.parametrize("n, rank", [(5, 1), (6, 1), (10, 2), (20, 6), (64, 24)])
+def test_the_interval_takes_the_exact_binomial_ranks(n, rank):
+    """The interval [x_(r), x_(n+1-r)] with the largest r whose tail P(Binomial(n, 1/2) < r) <= 2.5%:
+    6 -> the whole range (1/64 each side), 10 -> 2nd and 9th, 20 -> 6th and 15th, 64 -> 24th and 41st; below
+    6 values no rank qualifies and the interval is the whole range."""
+    low, mid, high = median_interval([float(v) for v in range(1, n + 1)])
+    assert (low, high) == (rank, n + 1 - rank) and mid == (n + 1) / 2
+    tail = sum(math.comb(n, i) for i in range(rank)) / 2 ** n
+    assert (tail <= 0.025 or n < 6) and (rank == 1 or tail + math.comb(n, rank) / 2 ** n > 0.025)
+
+
+def test_interleaving_alternates_the_order_and_stops_when_the_interval_is_narrow():
+    calls = []
+
+    def timer(name, values):
+        values = itertools.cycle(values)
+        return lambda: calls.append(name) or next(values)
+
+    before, after = interleave(timer("before", [2.0]), timer("after", [1.0]))
+    assert len(before) == len(after) == MIN_ROUNDS  # identical rounds: narrow as soon as allowed
+    assert calls[:4] == ["before", "after", "after", "before"]
+    assert PairedTiming.of(before, after).ratio == pytest.approx(2.0)
+
+    noisy = timer("after", [1.0, 1.5, 0.7, 1.2, 0.9])  # +-40%: never within 3%, so the cap ends it
+    before, after = interleave(timer("before", [1.0]), noisy, max_rounds=20)
+    timing = PairedTiming.of(before, after)
+    assert len(before) == 20 and not timing.converged and timing.low < timing.ratio < timing.high
+
+
+def test_a_time_budget_ends_the_rounds():
+    readings = itertools.chain([0.0], itertools.repeat(100.0))  # the budget has run out after the first round
+    noisy = itertools.cycle([1.0, 1.5, 0.7])
+    before, after = interleave(lambda: 1.0, lambda: next(noisy), budget_s=3.0, clock=lambda: next(readings),
+                               max_rounds=1000)
+    assert len(before) == len(after) == MIN_ROUNDS  # never fewer than the minimum
+
+
+def test_one_run_times_both_kernels_interleaved():
+    pair = measure_pair(ACD, ADC, reference, protocol=ONE)
+    assert pair.error is None and pair.rounds >= MIN_ROUNDS and len(pair.timings["before"]) == pair.rounds
+    ratios = log_ratios(pair.timings["before"], pair.timings["after"])
+    assert pair.ratio == pytest.approx(math.exp(median_interval(ratios)[1]))
+    assert pair.low <= pair.ratio <= pair.high and pair.before_s > 0 and pair.after_s > 0
+    assert pair.converged == (max(pair.ratio / pair.low, pair.high / pair.ratio) <= 1.03 + 1e-12)
+    again = PairedTiming.from_dict(pair.to_dict())
+    assert (again.ratio, again.low, again.rounds, again.converged) == (pair.ratio, pair.low, pair.rounds,
+                                                                       pair.converged)
+
+
+def test_a_program_that_does_not_build_is_a_failed_pair_not_an_exception():
+    broken = Program.parse("L^{48}_{a=0}L^{48}_{c=0}L^{48}_{d=0}" + BODY, SIG)
+    pair = measure_pair(ACD, broken, reference, target="nonsense", protocol=ONE)
+    assert pair.ratio is None and pair.error.startswith("build failed") and not pair.converged
