@@ -78,3 +78,10 @@ def test_a_program_that_does_not_build_is_a_failed_pair_not_an_exception():
     broken = Program.parse("L^{48}_{a=0}L^{48}_{c=0}L^{48}_{d=0}" + BODY, SIG)
     pair = measure_pair(ACD, broken, reference, target="nonsense", protocol=ONE)
     assert pair.ratio is None and pair.error.startswith("build failed") and not pair.converged
+
+
+def test_a_program_against_itself_is_about_one():
+    """The estimator has no bias of its own: the same kernel on both sides (microseconds per run, where a
+    clock read around each call would dominate) comes out at a ratio near 1."""
+    pair = measure_pair(ADC, ADC, reference, protocol=ONE)
+    assert pair.error is None and 0.9 < pair.ratio < 1.1, pair.to_dict()

@@ -63,6 +63,17 @@ _COMPARE_OPS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.gre
                 "!=": np.not_equal}
 
 
+def iteration_span(indices: tuple[Expr, ...], loops: tuple[Loop, ...],
+                   depth: int) -> tuple[tuple[int, int], ...] | None:
+    """The (low, high) of each subscript over one iteration of the first `depth` of `loops` (those held at
+    0; an affine subscript spans the same at every value of them), or None where a range is unknown. What a
+    tile inside loop `depth - 1` must hold: the size limit a `cache_read_write` tile is checked against and
+    the buffer the lowering allocates in that loop are both computed from it."""
+    bounds = {l.var: 1 if k < depth else l.extent for k, l in enumerate(loops)}
+    spans = tuple(index_range(index, bounds) for index in indices)
+    return None if any(span is None for span in spans) else spans
+
+
 def element_positions(indices: tuple[Expr, ...], shape: tuple[int, ...], bounds: Mapping[str, int],
                       shift_last: int = 0, where: tuple[tuple[Expr, bool], ...] = ()) -> np.ndarray | None:
     """Row-major positions in a tensor of `shape` of the elements that subscripts `indices` name while every

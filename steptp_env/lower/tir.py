@@ -25,7 +25,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import LoweringError
-from ..ir.analysis import accumulation, index_range, reduction, reduction_identity, scan_operator
+from ..ir.analysis import accumulation, index_range, iteration_span, reduction, reduction_identity, scan_operator
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
                       children, equations, free_vars, map_children, walk)
 from ..ir.dtypes import float_rank, is_float
@@ -115,13 +115,12 @@ def placement(program: Program, name: str) -> tuple[tuple | None, int]:
         return None, whole
     spans: dict[int, tuple[int, int]] = {}
     for _, loops, acc in sites:
-        bounds = {l.var: 1 if k < len(common) else l.extent for k, l in enumerate(loops)}
-        for d, index in enumerate(acc.indices):
-            rng = index_range(index, bounds)
-            if rng is None:
-                return None, whole
-            lo, hi = spans.get(d, rng)
-            spans[d] = (min(lo, rng[0]), max(hi, rng[1]))
+        found = iteration_span(acc.indices, loops, len(common))
+        if found is None:
+            return None, whole
+        for d, (low, high) in enumerate(found):
+            lo, hi = spans.get(d, (low, high))
+            spans[d] = (min(lo, low), max(hi, high))
     return common[-1], min(whole, math.prod(hi - lo + 1 for lo, hi in spans.values()) * width)
 
 

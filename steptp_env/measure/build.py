@@ -103,25 +103,25 @@ class Kernel:
             self.main(*args)
         return list(evaluator(*args).results)
 
-    def timer(self, inputs: Mapping[str, np.ndarray], number: int, cpu: bool = False) -> Callable[[], float]:
+    def timer(self, inputs: Mapping[str, np.ndarray], number: int, scaled: bool = False) -> Callable[[], float]:
         """A callable taking one timing (seconds per run, over `number` runs) on arguments made once: for
-        callers that interleave the timings of two kernels (`measure.paired`). With `cpu`, the timing is the
-        process's CPU time instead of the wall clock: for a one-thread kernel, time the scheduler gave to
-        other processes is not counted, which is what makes a timing hold on a busy machine. TVM's
-        evaluator runs the function once before its timed runs (WrapTimeEvaluator's warm-up call), so the
-        CPU time of one evaluation covers `number + 1` runs."""
+        callers that interleave the timings of two kernels (`measure.paired`). With `scaled`, each timing is
+        scaled by the share of its wall time the process was running (its CPU time over its wall time, at
+        most 1): for a one-thread kernel, time the scheduler gave to other processes is taken out, which is
+        what makes a timing hold on a busy machine, while on a quiet one it is TVM's own timing (the runs
+        timed in C++, no call overhead, which a CPU clock read around the call would add)."""
         args = self._arguments(inputs)
         evaluator = self._evaluator(number, 1)
-        if not cpu:
+        if not scaled:
             return lambda: evaluator(*args).results[0]
 
-        def cpu_time() -> float:
-            start = time.process_time()
-            evaluator(*args)
-            return (time.process_time() - start) / (number + 1)
+        def running_share() -> float:
+            wall, cpu = time.perf_counter(), time.process_time()
+            seconds = evaluator(*args).results[0]
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            return seconds * min(1.0, cpu / wall) if wall > 0 else seconds
 
-        cpu_time()  # the first evaluation also links the function: not a timing
-        return cpu_time
+        return running_share
 
     def _evaluator(self, number: int, repeat: int):
         module = self._module if self._session is not None else self.executable.mod

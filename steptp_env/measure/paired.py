@@ -6,10 +6,12 @@ round by round (before, after, after, before, ...), exposes both to the same loa
 round's pair is a paired sample, and the median of the rounds' log ratios, with a distribution-free 95%
 interval (binomial order statistics), is robust to the rounds a busy neighbour interrupted. Rounds are
 added until that interval is within `halfwidth` of the estimate, up to a cap in rounds and in seconds.
-At one thread each timing is the worker's CPU time, not the wall clock: a kernel longer than the
-scheduler's time slice is stretched by every neighbour that shares its core, a short one only now and
-then, so wall-clock ratios of kernels of different lengths drift with the load (measured: a 16 ms start
-program against its 0.6 ms reorder moved the reward by 0.14 with two busy processes).
+At one thread each timing is scaled by the share of its wall time the worker was running (CPU time over
+wall time): a kernel longer than the scheduler's time slice is stretched by every neighbour that shares
+its core, a short one only now and then, so wall-clock ratios of kernels of different lengths drift with
+the load (measured: a 16 ms start program against its 0.6 ms reorder moved the reward by 0.14 with two
+busy processes). The CPU time alone is not the timing: read around the call it adds the call's overhead,
+which biased microsecond kernels (a program against itself measured 0.92).
 """
 from __future__ import annotations
 

@@ -103,15 +103,16 @@ def _ensure_built(key: str, leir: str, signature: list, target: str) -> float:
 def _time_pair(key_before: str, key_after: str, inputs: dict[str, np.ndarray], min_seconds: float,
                halfwidth: float, max_rounds: int, budget_s: float) -> dict[str, list[float]]:
     """Child side: the two kernels timed in alternating rounds (`paired.interleave`), each timing long
-    enough (`min_seconds`) for the timer; seconds per run for each. At one thread the rounds count the
-    process's CPU time (`Kernel.timer`), so a busy neighbour's share of the core does not enter them."""
+    enough (`min_seconds`) for the timer; seconds per run for each. At one thread each timing is scaled by
+    the share of it the process was running (`Kernel.timer`), so a busy neighbour's share of the core does
+    not enter it."""
     from .paired import interleave
 
     kernels = [_KERNELS[key_before], _KERNELS[key_after]]
     threads = int(os.environ.get("TVM_NUM_THREADS") or 0)
     with pinned(threads):
         numbers = [runs_per_timing(k.time(inputs, number=1, repeat=1)[0], 1, min_seconds) for k in kernels]
-        timers = [k.timer(inputs, n, cpu=threads == 1) for k, n in zip(kernels, numbers)]
+        timers = [k.timer(inputs, n, scaled=threads == 1) for k, n in zip(kernels, numbers)]
         before, after = interleave(*timers, halfwidth=halfwidth, max_rounds=max_rounds, budget_s=budget_s)
     return {"before": before, "after": after}
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 
 from ..errors import IllegalActionError
-from ..ir.analysis import writes
+from ..ir.analysis import iteration_span, writes
 from ..ir.ast import Access, Equation, Loop, Nest, Var, accesses, all_loops
 from ..ir.program import Program
 from .base import Action, Strategy, register
@@ -68,20 +68,40 @@ def _write_cache_site(program: Program, n: int, tensor: str) -> str | None:
 
 
 def tile_shape(site: _Site, depth: int) -> tuple[int, ...] | None:
-    """The elements of the written access that one iteration of the first `depth` loops around it touches
-    (the outer loops held at 0; affine subscripts give the same span at every value), or None when a
-    subscript's range is unknown."""
-    loops = tuple(Loop(l.kind, 1, l.var) if k < depth else l for k, l in enumerate(site.loops))
-    return _extent_of(site.access.indices, loops)
+    """The shape of a tile holding the elements of the written access that one iteration of the first
+    `depth` loops around it touches (`iteration_span`, counted from 0), or None when a subscript's range is
+    unknown or negative."""
+    spans = iteration_span(site.access.indices, site.loops, depth)
+    if spans is None or any(low < 0 for low, _ in spans):
+        return None
+    return tuple(high + 1 for _, high in spans)
 
 
 def _accumulator_refusal(program: Program, n: int, tensor: str, at, scope: str) -> str | None:
     """Why the writes of `tensor` in nest n cannot accumulate in a `scope` tile inside loop `at` (None when
     they can)."""
-    nest = program.nests[n]
+    return _tile_tensor_refusal(program, n, tensor) or _tile_loop_refusal(program, n, tensor, at, scope)
+
+
+def _tile_tensor_refusal(program: Program, n: int, tensor: str) -> str | None:
+    """What rules out a tile of `tensor` in nest n at any loop: its writes cannot go through a cache, or
+    the nest also accesses it elsewhere than where it writes it (the tile holds only those elements)."""
     reason = _write_cache_site(program, n, tensor)
     if reason is not None:
         return reason
+    nest = program.nests[n]
+    site = _first_write(nest, tensor)
+    other = sorted({_text(s.access) for s in _sites(nest) if s.access.name == tensor
+                    and (s.access != site.access or _site_binding(s) != _site_binding(site))})
+    if other:
+        return (f"nest {n} also accesses {tensor} as {', '.join(other)}, not only at {_text(site.access)}: a "
+                f"tile holds only the elements one iteration writes")
+    return None
+
+
+def _tile_loop_refusal(program: Program, n: int, tensor: str, at, scope: str) -> str | None:
+    """What rules out a tile of `tensor` inside loop `at` of nest n, given the tensor allows one."""
+    nest = program.nests[n]
     if at not in nest.loop_vars:
         return (f"at must name one of nest {n}'s own loops ({', '.join(nest.loop_vars)}), got {at!r}: the tile "
                 "lives inside that loop")
@@ -105,11 +125,6 @@ def _accumulator_refusal(program: Program, n: int, tensor: str, at, scope: str) 
     if not [l for l in site.loops[pos + 1:] if l.var not in used]:
         return (f"no loop inside {at} reduces into {tensor}: each element is written once per iteration of "
                 f"{at}, so a tile would only add a copy")
-    other = sorted({_text(s.access) for s in _sites(nest) if s.access.name == tensor
-                    and (s.access != site.access or _site_binding(s) != _site_binding(site))})
-    if other:
-        return (f"nest {n} also accesses {tensor} as {', '.join(other)}, not only at {_text(site.access)}: the "
-                f"tile holds only the elements one iteration of {at} writes")
     shape = tile_shape(site, pos + 1)
     if shape is None:
         return f"the extent of {_text(site.access)} inside loop {at} is unknown"
@@ -158,8 +173,10 @@ class CacheReadWrite(Strategy):
                 found.append(self.action(nest=n, tensor=tensor, mode=mode, scope=_scope_menu(size, target)))
         for n, nest in enumerate(program.nests if target == "llvm" else ()):
             for tensor in writes(nest):
-                found.extend(self.action(nest=n, tensor=tensor, mode="write", scope="l", at=loop.var)
-                             for loop in nest.loops if _accumulator_refusal(program, n, tensor, loop.var, "l") is None)
+                if _tile_tensor_refusal(program, n, tensor) is None:  # the loop-independent checks, once
+                    found.extend(self.action(nest=n, tensor=tensor, mode="write", scope="l", at=loop.var)
+                                 for loop in nest.loops
+                                 if _tile_loop_refusal(program, n, tensor, loop.var, "l") is None)
         return found
 
     @staticmethod
