@@ -2,6 +2,7 @@
 exception or leave a state that does not replay, and a measurement worker killed mid-step costs one step.
 
     PYTHONPATH=. python benchmarks/fuzz_env.py [--actions 5000] [--workloads 40] [--kills 6] [--seed 0]
+                                               [--modes model hybrid measure]
 
 Workloads: the first `--workloads` suite URIs in a seeded order, preset `tiny`. For every mode (model,
 hybrid, measure) and workload, an env (index action mode for even workloads, text for odd ones) takes its
@@ -12,6 +13,11 @@ replayed by a fresh model-mode env and must reach the same program. The process'
 sampled after every workload. Then, in measure mode, `--kills` steps each have the measurement worker
 SIGKILLed 50 ms into the step: that step may fail (info["error"]), the next step must work.
 
+A run may take some of the modes (`--modes`; `--kills 0` skips the kill steps): each mode's tally (and the
+kills') is kept in benchmarks/results/fuzz_env.json with the commit it ran at, and the report shows every
+part recorded there, so the full run can be spread over several sessions with the same arguments. Each
+mode draws from its own seeded generator, so a mode's actions do not depend on which others ran.
+
 Writes benchmarks/results/fuzz_env.md and .json.
 """
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -162,32 +169,47 @@ def kills(count: int, store: Path, rng: np.random.Generator) -> list[dict]:
     return found
 
 
-def report(args: argparse.Namespace, tallies: dict[str, Tally], killed: list[dict], seconds: float,
-           load: tuple) -> str:
-    total = sum(t.actions for t in tallies.values())
-    escaped = sum(len(t.escaped) for t in tallies.values())
-    corrupt = sum(len(t.corrupt) for t in tallies.values())
+def commit() -> str:
+    """The commit this run's code is at (`+dirty` with uncommitted changes)."""
+    def git(*command: str) -> str:
+        return subprocess.run(["git", *command], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                              text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "steptp_env", "agents", "benchmarks/fuzz_env.py")
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+dirty" if dirty else "")
+
+
+def report(args: argparse.Namespace, parts: dict) -> str:
+    modes = {m: parts[m] for m in MODES if m in parts}
+    total = sum(t["actions"] for t in modes.values())
+    escaped = sum(len(t["escaped"]) for t in modes.values())
+    corrupt = sum(len(t["corrupt"]) for t in modes.values())
     lines = ["# Environment fuzzing", "",
-             f"Written by `benchmarks/fuzz_env.py --actions {args.actions} --workloads {args.workloads} --kills "
-             f"{args.kills} --seed {args.seed}`: {total} actions over {args.workloads} workloads (preset tiny) in "
-             f"the three modes, {seconds / 60:.1f} min, load average {load[0]:.2f}/{load[1]:.2f} at the start.",
-             "", "| mode | actions | garbage / index / text / answer | rejected (penalty) | escaped exceptions | "
-             "episodes replayed | replays reaching another program | resident MB min / max |",
-             "|---|---|---|---|---|---|---|---|"]
-    for mode, t in tallies.items():
-        kinds = " / ".join(str(t.by_kind.get(k, 0)) for k in ("garbage", "index", "text", "answer"))
-        rss = f"{min(t.rss_mb):.0f} / {max(t.rss_mb):.0f}" if t.rss_mb else "-"
-        lines.append(f"| {mode} | {t.actions} | {kinds} | {t.errors} | {len(t.escaped)} | {t.episodes} | "
-                     f"{len(t.corrupt)} | {rss} |")
+             f"Written by `benchmarks/fuzz_env.py --actions {args.actions} --workloads {args.workloads} --seed "
+             f"{args.seed}` (one run per part, `--modes`): {total} actions over {args.workloads} workloads "
+             f"(preset tiny) in the modes {', '.join(modes) or 'none yet'}; missing: "
+             f"{', '.join(m for m in MODES if m not in modes) or 'none'}.",
+             "", "| mode | commit | minutes | load at start | actions | garbage / index / text / answer | "
+             "rejected (penalty) | escaped exceptions | episodes replayed | replays reaching another program | "
+             "resident MB min / max |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, t in modes.items():
+        kinds = " / ".join(str(t["by_kind"].get(k, 0)) for k in ("garbage", "index", "text", "answer"))
+        rss = f"{min(t['rss_mb']):.0f} / {max(t['rss_mb']):.0f}" if t["rss_mb"] else "-"
+        lines.append(f"| {mode} | {t['commit']} | {t['seconds'] / 60:.1f} | {t['load'][0]:.2f} | {t['actions']} | "
+                     f"{kinds} | {t['rejected']} | {len(t['escaped'])} | {t['episodes']} | {len(t['corrupt'])} | "
+                     f"{rss} |")
     lines += ["", f"Total: {escaped} exceptions escaped `step`/`reset`, {corrupt} state corruptions.", ""]
-    ok = sum(1 for k in killed if k["escaped"] is None and k["next_step_error"] is None)
-    lines += [f"Measurement worker SIGKILLed 50 ms into a measure-mode step, {len(killed)} times: {ok} times the "
-              "step returned (with or without an error) and the next step worked.", ""]
-    lines += [f"- killed step: {k['killed_step_error'] or 'no error (finished before the kill)'}; next step: "
-              f"{k['next_step_error'] or 'ok'}" + (f"; ESCAPED {k['escaped']}" if k["escaped"] else "")
-              for k in killed]
-    for mode, t in tallies.items():
-        for item in t.escaped[:5] + t.corrupt[:5]:
+    killed = parts.get("kills")
+    if killed:
+        ok = sum(1 for k in killed["steps"] if k["escaped"] is None and k["next_step_error"] is None)
+        lines += [f"Measurement worker SIGKILLed 50 ms into a measure-mode step, {len(killed['steps'])} times "
+                  f"(commit {killed['commit']}): {ok} times the step returned (with or without an error) and the "
+                  "next step worked.", ""]
+        lines += [f"- killed step: {k['killed_step_error'] or 'no error (finished before the kill)'}; next step: "
+                  f"{k['next_step_error'] or 'ok'}" + (f"; ESCAPED {k['escaped']}" if k["escaped"] else "")
+                  for k in killed["steps"]]
+    for mode, t in modes.items():
+        for item in t["escaped"][:5] + t["corrupt"][:5]:
             lines += ["", f"- {mode}: {item}"]
     return "\n".join(lines) + "\n"
 
@@ -198,32 +220,36 @@ def main() -> int:
     parser.add_argument("--workloads", type=int, default=40)
     parser.add_argument("--kills", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = parser.parse_args()
     uris = list_workloads()
     random.Random(args.seed).shuffle(uris)
     uris = uris[:args.workloads]
     per_pair = max(1, args.actions // (len(MODES) * len(uris)))
-    rng = np.random.default_rng(args.seed)
-    load = os.getloadavg()
-    began = time.monotonic()
-    tallies = {mode: Tally() for mode in MODES}
+    path = RESULTS / "fuzz_env.json"
+    parts = json.loads(path.read_text()).get("parts", {}) if path.exists() else {}
+    RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in MODES:
+        for mode in args.modes:
+            rng = np.random.default_rng([args.seed, MODES.index(mode)])
+            tally, load, began = Tally(), os.getloadavg(), time.monotonic()
             for k, uri in enumerate(uris):
                 fuzz_workload(uri, mode, "index" if k % 2 == 0 else "text", per_pair, rng,
-                              Path(tmp) / "store.sqlite", tallies[mode])
-                tallies[mode].rss_mb.append(psutil.Process().memory_info().rss / 2**20)
-                print(f"{mode} {k + 1}/{len(uris)} {uri}: {tallies[mode].actions} actions, "
-                      f"{len(tallies[mode].escaped)} escaped, {len(tallies[mode].corrupt)} corrupt", flush=True)
-        killed = kills(args.kills, Path(tmp) / "kills.sqlite", rng)
-    seconds = time.monotonic() - began
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fuzz_env.md").write_text(report(args, tallies, killed, seconds, load))
-    data = {mode: {"actions": t.actions, "by_kind": t.by_kind, "rejected": t.errors, "escaped": t.escaped,
-                   "episodes": t.episodes, "corrupt": t.corrupt, "rss_mb": t.rss_mb} for mode, t in tallies.items()}
-    (RESULTS / "fuzz_env.json").write_text(json.dumps({"modes": data, "kills": killed, "seconds": seconds,
-                                                       "load": load}, indent=1) + "\n")
-    return 1 if any(t.escaped or t.corrupt for t in tallies.values()) else 0
+                              Path(tmp) / "store.sqlite", tally)
+                tally.rss_mb.append(psutil.Process().memory_info().rss / 2**20)
+                print(f"{mode} {k + 1}/{len(uris)} {uri}: {tally.actions} actions, "
+                      f"{len(tally.escaped)} escaped, {len(tally.corrupt)} corrupt", flush=True)
+            parts[mode] = {"actions": tally.actions, "by_kind": tally.by_kind, "rejected": tally.errors,
+                           "escaped": tally.escaped, "episodes": tally.episodes, "corrupt": tally.corrupt,
+                           "rss_mb": tally.rss_mb, "seconds": time.monotonic() - began, "load": load,
+                           "commit": commit()}
+            path.write_text(json.dumps({"args": vars(args), "parts": parts}, indent=1) + "\n")
+        if args.kills:
+            steps = kills(args.kills, Path(tmp) / "kills.sqlite", np.random.default_rng([args.seed, len(MODES)]))
+            parts["kills"] = {"steps": steps, "commit": commit()}
+            path.write_text(json.dumps({"args": vars(args), "parts": parts}, indent=1) + "\n")
+    (RESULTS / "fuzz_env.md").write_text(report(args, parts))
+    return 1 if any(parts[m]["escaped"] or parts[m]["corrupt"] for m in MODES if m in parts) else 0
 
 
 if __name__ == "__main__":
