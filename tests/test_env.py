@@ -297,6 +297,10 @@ def test_state_replays_and_validates(tmp_path):
     report = other.validate(loaded)
     assert report["ok"], report["errors"]
     assert report["final_leir"] == env.program.leir and report["speedup"] > 0
+    low, high = report["speedup_interval"]
+    assert low <= report["speedup"] <= high  # timed paired against the start
+    env.reset(seed=3)  # an episode that stops at once ends at its start: x1 by definition, nothing timed
+    assert other.validate(env.state)["speedup"] == 1.0 and other.validate(env.state)["speedup_interval"] == [1.0, 1.0]
 
 
 def test_validate_catches_a_wrong_step(tmp_path):

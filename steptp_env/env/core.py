@@ -495,7 +495,9 @@ class StepTPEnv(gym.Env):
         if not final.ok:
             errors.append(f"final program: {final.error}")
         speedup = interval = None
-        if first.ok and final.ok:  # the speedup from a paired timing; separate medians where that fails
+        if first.ok and final.ok and chain[-1].leir == chain[0].leir:  # the start itself: x1 by definition
+            speedup, interval = 1.0, [1.0, 1.0]
+        elif first.ok and final.ok:  # the speedup from a paired timing; separate medians where that fails
             pair = measure_pair(chain[0], chain[-1], workload, self.target, self.oracle.protocol)
             speedup = pair.ratio if pair.error is None else first.median_s / final.median_s
             interval = [pair.low, pair.high] if pair.error is None else None
