@@ -541,3 +541,31 @@ def test_steps_back_to_a_visited_program_or_changing_nothing_are_refused_and_mas
     assert info["error"] is None and free.program.leir == start.leir
     with pytest.raises(ValueError, match="revisits"):
         make(tmp_path, revisits="never")
+
+
+FUZZ_FOUND = [  # level2/conv3d_mish_tanh at tiny: benchmarks/fuzz_env.py found its replay reaching another text
+    'tensor_split_to_decouple_operators(nest=2, loop=g, at=1, tensors=[E])',
+    'loop_split(nest=8, loop=c, factor=2)',
+    'expression_splitting(nest=8, term=[0], dims=[h,c,d,f,g], loops=[h,c,d,f,g])',
+    'loop_fusion(nest=2, loops=[a,c])',
+    'expression_splitting(nest=5, term=[0,1,1,1,0], dims=[c,d,f,g], loops=[c,d,f,g])',
+    'loop_parallelization(nest=10, loop=h)',
+    'expression_splitting(nest=9, term=[0,1,1], dims=[h,c,d,f,g], loops=[h,c,d,f,g])',
+    'cache_read_write(nest=0, tensor=E, mode=write, scope=l, at=f)',
+    'loop_split(nest=6, loop=d, factor=2)',
+]
+
+
+def test_an_identified_answer_becomes_the_program_its_label_replays_to(tmp_path):
+    """A Step-TP answer is recorded as the action identify labels it with, so the env's program is what that
+    action gives, not the answer as parsed: the two are the same program, but the parsed one keeps the
+    parentheses of its text, and after a later split moves such a term to the top of an equation the texts
+    differ (`(exp(2*F)+1)`), so the recorded episode replayed to another LEIR text."""
+    env = make(tmp_path, "level2/conv3d_mish_tanh", action_mode="text", max_steps=50)
+    env.reset(seed=0)
+    for text in FUZZ_FOUND:
+        _, _, _, _, info = env.step(json.dumps({"transformed_IR": apply_action(env.program, text).leir}))
+        assert info["error"] is None and info["action"] == text, info["error"]
+    replay = make(tmp_path, "level2/conv3d_mish_tanh", max_steps=50)
+    replay.apply(env.state)
+    assert replay.program.leir == env.program.leir

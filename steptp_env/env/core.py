@@ -296,8 +296,10 @@ class StepTPEnv(gym.Env):
         except StepTPError as exc:
             return {"error": f"the transformed program is not valid LEIR for this signature: {exc}"}
         labels = identify(self.program, after)
-        if labels:
-            outcome = self._evaluate(after, labels[0].text, verify=self._needs_check(labels[0]))
+        if labels:  # the state records the label, so the program is what the label gives: the answer up to
+            # fresh names and cosmetic parentheses, and exactly what a replay of the state reaches
+            outcome = self._evaluate(apply_action(self.program, labels[0]), labels[0].text,
+                                     verify=self._needs_check(labels[0]))
             outcome["claimed_strategy"] = proposal.claimed_strategy
             return outcome
         outcome = self._evaluate(after, "leir:" + after.leir, verify=self._needs_check(None))
