@@ -116,8 +116,9 @@ class RuntimeOracle:
         found = self._paired.get(memo)
         if found is not None:
             return found
-        key = hashlib.sha256("\0".join((*memo, self.target, self.protocol.key, context(workload))).encode())
-        stored = self.store.get_pair(key.hexdigest()[:32]) if self.store is not None else None
+        text = "\0".join((*memo, self.target, self.protocol.key, context(workload)))
+        key = hashlib.sha256(text.encode()).hexdigest()[:32]
+        stored = self.store.get_pair(key) if self.store is not None else None
         if stored is not None:
             found = PairedTiming.from_dict(stored)
             self.counts["stored pairs"] += 1
@@ -125,7 +126,7 @@ class RuntimeOracle:
             found = measure_pair(before, after, workload, self.target, self.protocol)
             self.counts["paired"] += 1
             if found.error is None and self.store is not None:
-                self.store.put_pair(key.hexdigest()[:32], found.to_dict())
+                self.store.put_pair(key, found.to_dict())
         if found.error is None:
             self._remember(self._paired, memo, found)
         return found
