@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/costmodel_eval.py [--per-workload 50] [--minutes M] [--workloads GLOB]
         [--store PATH] [--threads 1] [--no-collect] [--export DIR] [--dataset DIR] [--save DIR] [--members 5]
+        [--faithfulness N]
 
 1. Collection (resumable): `--per-workload` programs of every suite workload at `small` (the start program
    and programs reached by seeded random walks of 1-6 actions) are measured at `--threads` into the store
@@ -12,11 +13,16 @@
    trained on the rest and scored on the held-out programs: pairwise accuracy over pairs more than 5%
    apart, a-peak@1 and @5, a-peak@32 only over workloads with at least 100 programs, Kendall tau, p-rmse.
    Beside it, in the same run and on the same split, the previous design: one bagged XGBoost regressor of
-   log runtime on the pooled observation vector (what the packaged model was up to FEATURE_VERSION 1).
-3. With --export DIR the store's programs are exported as a parquet dataset with its card
+   log runtime on the pooled observation vector (what the packaged model was up to FEATURE_VERSION 1), and
+   ablations of this one (no ranking loss; only the TIR store rows; only the LEIR equation rows).
+3. Model-mode faithfulness (`--faithfulness N`): on N held-out workloads, the greedy and beam agents search
+   in model mode with the model trained without them (budget 32 predictions); each final program's
+   predicted speedup over the start program is set against its measured one (`measure_pair`, start and
+   final interleaved); Spearman over all (workload, agent) finals.
+4. With --export DIR the store's programs are exported as a parquet dataset with its card
    (`costmodel.export`); with --dataset DIR nothing is collected and the evaluation reads that export
    alone (no store needed), which is how the figures are reproduced elsewhere.
-4. With --save DIR the model trained on every program is saved there (how the packaged default model is
+5. With --save DIR the model trained on every program is saved there (how the packaged default model is
    made), with the held-out figures in its metadata.
 Writes benchmarks/results/costmodel_eval.md and .json (a hand-written "## Notes" section is kept).
 """
@@ -27,6 +33,7 @@ import collections
 import json
 import os
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,6 +67,39 @@ def pooled_baseline(train_obs, train_y, test_obs, members: int, seed: int = 0) -
         booster = xgboost.train(dict(params, seed=seed + member), xgboost.DMatrix(X[rows], label=y[rows]), 200)
         logs.append(booster.inplace_predict(np.asarray(test_obs)))
     return np.exp(np.mean(logs, 0))
+
+
+def faithfulness(model: CostModel, uris: list[str], protocol: Protocol) -> dict:
+    """Predicted against measured speedups of the model-mode agents' final programs (see the docstring)."""
+    from scipy.stats import spearmanr
+
+    from agents import get_agent
+    from steptp_env import Program
+    from steptp_env.env import StepTPEnv
+    from steptp_env.measure import measure_pair
+    from steptp_env.workloads import get_workload
+
+    model.frozen = True  # model mode shares it unchanged
+    finals = []
+    for uri in uris:
+        workload = get_workload(uri, "small")
+        for agent in ("greedy", "beam"):
+            with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "s.sqlite") as store:
+                env = StepTPEnv(uri, "small", mode="model", store=store, model=model, protocol=protocol)
+                result = get_agent(agent)(env, 32, 0)
+            best = Program.parse(result.best_leir, workload.program.signature)
+            pair = measure_pair(workload.program, best, workload, "llvm", protocol)
+            finals.append({"workload": uri, "agent": agent, "predicted": result.initial_runtime_s /
+                           result.best_runtime_s, "measured": None if pair.error else pair.ratio})
+            print(finals[-1], flush=True)
+    done = [f for f in finals if f["measured"] is not None]
+    rho = spearmanr([f["predicted"] for f in done], [f["measured"] for f in done]).statistic if len(done) > 2 else None
+    return {"spearman": None if rho is None else float(rho), "finals": finals}
+
+
+def only(rows: np.ndarray, kind: float | None) -> np.ndarray:
+    """The rows of one kind (0 TIR stores, 1 LEIR equations), or all of them."""
+    return rows if kind is None else rows[rows[:, 0] == kind]
 
 
 def scores(pred: np.ndarray, true: np.ndarray, groups: list[str]) -> dict[str, float]:
@@ -99,6 +139,7 @@ def main() -> None:
     parser.add_argument("--no-collect", action="store_true", help="evaluate on the store as it is")
     parser.add_argument("--export", type=Path, default=None, help="export the store as a parquet dataset here")
     parser.add_argument("--dataset", type=Path, default=None, help="evaluate on this exported dataset alone")
+    parser.add_argument("--faithfulness", type=int, default=0, help="held-out workloads for the model-mode check")
     args = parser.parse_args()
     start = time.time()
     protocol = Protocol(threads=args.threads)
@@ -131,6 +172,13 @@ def main() -> None:
     baseline = pooled_baseline([feats[i].observation for i in train_ix], y[train_ix],
                                [feats[i].observation for i in test_ix], args.members)
     results["pooled vector (previous design)"] = scores(baseline, y[test_ix], test_groups)
+    for name, rank_weight, kind in (("rows, no ranking loss", 0.0, None), ("TIR store rows only", 1.0, 0.0),
+                                    ("LEIR equation rows only", 1.0, 1.0)):
+        ablation = CostModel(members=args.members, seed=0, rank_weight=rank_weight)
+        ablation.fit([only(feats[i].rows, kind) for i in train_ix], y[train_ix], [groups[i] for i in train_ix])
+        results[f"ablation: {name}"] = scores(ablation.predict([only(feats[i].rows, kind) for i in test_ix])[0],
+                                              y[test_ix], test_groups)
+    faithful = faithfulness(model, test_uris[:args.faithfulness], protocol) if args.faithfulness else None
     if args.save:
         packaged = CostModel(members=args.members, seed=0).fit([f.rows for f in feats], y, groups)
         packaged.meta.update(version=__version__, protocol=protocol.key, preset="small",
@@ -142,7 +190,7 @@ def main() -> None:
                "test_workloads": test_uris, "test_programs": len(test_ix), "protocol": protocol.key,
                "collect_s": round(collected - start), "total_s": round(time.time() - start),
                "label_iqr": spread, "label_load": [load_low, load_high], "results": results,
-               "load_at_end": os.getloadavg()[0]}
+               "faithfulness": faithful, "load_at_end": os.getloadavg()[0]}
     (RESULTS / "costmodel_eval.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = ["# Cost model on held-out workload families", "",
              f"Written by `benchmarks/costmodel_eval.py`. {len(y)} measured programs of {len(uris)} workloads at "
@@ -158,7 +206,12 @@ def main() -> None:
     for name, r in results.items():
         lines.append(f"| {name} | {fmt(r['pairwise_5pct'])} | {fmt(r['a_peak_1'])} | {fmt(r['a_peak_5'])} | "
                      f"{fmt(r['a_peak_32'])} | {fmt(r['kendall_tau'])} | {fmt(r['p_rmse'])} |")
-    lines += ["", "Targets (issue 19): pairwise accuracy >= 0.85, a-peak@5 >= 0.95, Kendall tau >= 0.6.", "",
+    if faithful is not None:
+        lines += ["", f"Model-mode faithfulness: Spearman {fmt(faithful['spearman'])} between predicted and measured "
+                  f"speedups of {len(faithful['finals'])} final programs (greedy and beam, 32 predictions, on "
+                  f"{args.faithfulness} held-out workloads; the finals are in costmodel_eval.json)."]
+    lines += ["", "Targets (issue 19): pairwise accuracy >= 0.85, a-peak@5 >= 0.95, Kendall tau >= 0.6; "
+              "Spearman >= 0.8 for the faithfulness check.", "",
               "Held-out workloads: " + ", ".join(test_uris) + "."]
     write_keeping_notes(RESULTS / "costmodel_eval.md", "\n".join(lines), NOTES)
     print("\n".join(lines))

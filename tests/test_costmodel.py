@@ -36,7 +36,7 @@ def test_features_give_rows_and_a_fixed_size_observation_deterministically(progr
     assert Features.from_json(found[1].observation.tolist()) is None  # a FEATURE_VERSION 1 record: recompute
 
 
-def test_equation_rows_tell_loop_orders_and_local_accumulators_apart():
+def test_equation_rows_tell_loop_orders_apart():
     from steptp_env import Program
 
     sig = [{"name": "A", "shape": [64, 64], "dtype": "float32"}, {"name": "B", "shape": [64, 64], "dtype": "float32"},
@@ -124,3 +124,44 @@ def test_the_packaged_model_loads_names_its_hardware_and_predicts():
     assert model.trained and model.meta["machine"] and model.meta["protocol"] and model.meta["samples"] >= 2000
     runtime, spread = model.predict([features(get_workload("level1/softmax", preset="small").program).rows])
     assert 1e-7 < runtime[0] < 10 and spread[0] >= 0
+
+
+def test_collect_train_export_and_the_cli_on_a_real_store(tmp_path):
+    """Measured programs go into a store with their features, train a model, export as parquet with a card
+    and load back to the same data; a record of the previous feature version is recomputed from its
+    program; `steptp costmodel export|eval` run on the store."""
+    from typer.testing import CliRunner
+
+    from steptp_env.cli import app
+    from steptp_env.costmodel.dataset import collect, load_dataset, split_families, train
+    from steptp_env.costmodel.export import export_dataset, load_exported
+    from steptp_env.measure import Protocol, ResultStore
+
+    uris = ["level1/relu", "level1/matmul_square"]
+    with ResultStore(tmp_path / "s.sqlite") as store:
+        assert collect(store, uris, 4, preset="tiny", protocol=Protocol(threads=1, repeat=2)) == 8
+        assert collect(store, uris, 4, preset="tiny", protocol=Protocol(threads=1, repeat=2)) == 0  # resumed
+        first = next(store.records(ok_only=True))
+        store.put(first["key"], first["measurement"], first["workload"], [0.0] * SIZE)  # a v1 record
+        found, y, groups = load_dataset(store)
+        assert len(found) == 8 and sorted(set(groups)) == uris and (y > 0).all()
+        assert any(f.rows.shape[1] == ROW_WIDTH for f in found)
+        model = train(store, members=1)
+        assert model.fitted_on == 8 and model.meta["workloads"] == 2
+        assert export_dataset(store, tmp_path / "export") == 7  # the v1 record is not exported
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "7 LEIR programs of 2 " in card and '"threads": 1' in card
+    again, y_again, groups_again = load_exported(tmp_path / "export")
+    assert len(again) == 7 and set(groups_again) == set(uris)
+    assert np.isin(y_again, y).all()
+    train_uris, test_uris = split_families(uris, 0.5, seed=0)
+    assert len(test_uris) == 1 and set(train_uris) | set(test_uris) == set(uris)
+
+    runner = CliRunner()
+    model.save(tmp_path / "m")
+    result = runner.invoke(app, ["costmodel", "eval", str(tmp_path / "m"), "--store", str(tmp_path / "s.sqlite")])
+    assert result.exit_code == 0 and "pairwise_accuracy" in result.output
+    result = runner.invoke(app, ["costmodel", "export", str(tmp_path / "e2"), "--store", str(tmp_path / "s.sqlite")])
+    assert result.exit_code == 0 and (tmp_path / "e2" / "data.parquet").exists()
+    empty = runner.invoke(app, ["costmodel", "export", str(tmp_path / "e3"), "--store", str(tmp_path / "none.sqlite")])
+    assert empty.exit_code != 0 and "no measured programs" in empty.output

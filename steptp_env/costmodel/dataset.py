@@ -11,15 +11,29 @@ import numpy as np
 from ..ir.program import Program
 from ..measure import Protocol, ResultStore, measure, record_key
 from ..measure.context import context
-from ..strategies import apply_action, candidates
+from ..strategies import REGISTRY, STRATEGY_NAMES, apply_action
 from ..workloads import get_workload, spec
 from .features import FEATURE_VERSION, Features, features
 from .model import CostModel
 
 
-def random_programs(program, count: int, max_steps: int, seed: int) -> list:
-    """`count` distinct programs reached from `program` by seeded random candidate sequences (the start
-    program first)."""
+def random_step(program: Program, rng: random.Random) -> Program | None:
+    """One random action: a strategy drawn uniformly among those with a candidate here, then one of its
+    candidates, so every strategy is as likely as any other (uniform over all candidates would mostly
+    reorder and tile, which offer the most), and only the strategies tried are enumerated; None where no
+    strategy applies."""
+    names = [name for name in STRATEGY_NAMES if name in REGISTRY]
+    rng.shuffle(names)
+    for name in names:
+        found = REGISTRY[name].candidates(program, "llvm")
+        if found:
+            return apply_action(program, rng.choice(found))
+    return None
+
+
+def random_programs(program: Program, count: int, max_steps: int, seed: int) -> list[Program]:
+    """`count` distinct programs reached from `program` by seeded random walks of 1 to `max_steps` actions
+    (`random_step`), the start program first."""
     rng = random.Random(seed)
     found = {program.leir: program}
     attempts = 0
@@ -27,10 +41,10 @@ def random_programs(program, count: int, max_steps: int, seed: int) -> list:
         attempts += 1
         current = program
         for _ in range(rng.randint(1, max_steps)):
-            actions = candidates(current)
-            if not actions:
+            following = random_step(current, rng)
+            if following is None:
                 break
-            current = apply_action(current, rng.choice(actions))
+            current = following
         found.setdefault(current.leir, current)
     return list(found.values())[:count]
 

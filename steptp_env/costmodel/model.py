@@ -212,11 +212,12 @@ class CostModel:
         return np.exp(logs.mean(0)), logs.std(0)
 
     def copy(self) -> CostModel:
-        """An independent, unfrozen copy (boosters, data, sample keys) to learn on."""
+        """An independent, unfrozen copy (boosters, data, sample keys) to learn on. The data arrays are
+        shared, not copied (tens of MB): `update` and `fit` replace them instead of writing into them."""
         twin = CostModel(members=self.members, seed=self.seed, retrain_growth=self.retrain_growth,
                          rank_weight=self.rank_weight)
         twin.boosters = [booster.copy() for booster in self.boosters]
-        twin.rows, twin.counts, twin.y = self.rows.copy(), self.counts.copy(), self.y.copy()
+        twin.rows, twin.counts, twin.y = self.rows, self.counts, self.y  # never changed in place: shared
         twin.groups, twin.fitted_on = list(self.groups), self.fitted_on
         twin.meta, twin.sample_keys = dict(self.meta), set(self.sample_keys)
         return twin
