@@ -41,7 +41,7 @@ def main() -> None:
         for uri, program in programs:  # a record per program, of the size real ones have (features included)
             record = {"leir": program.leir, "target": "llvm", "protocol": asdict(protocol), "median_s": 1e-3,
                       "timings": [1e-3] * protocol.repeat}
-            store.put(record_key(program, "llvm", protocol.key), record, uri, features(program).tolist())
+            store.put(record_key(program, "llvm", protocol.key), record, uri, features(program).to_json())
         for uri, program in programs:
             fresh = type(program)(program.nests, program.signature)  # no cached text or analysis
             start = time.process_time()
@@ -55,7 +55,7 @@ def main() -> None:
             start = time.process_time()
             x = features(fresh)
             middle = time.process_time()
-            model.predict(x[None])
+            model.predict([x.rows])
             end = time.process_time()
             predicted.append(end - start)
             extracted.append(middle - start)

@@ -208,6 +208,21 @@ def costmodel_train(out: Path = typer.Argument(..., help="directory to save the 
     console.print(f"trained on {model.fitted_on} programs of {model.meta['workloads']} workloads; saved to {out}")
 
 
+@costmodel_app.command("export")
+def costmodel_export(out: Path = typer.Argument(..., help="directory for data.parquet and its card"),
+                     store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> None:
+    """Export the store's measured programs (features, runtimes, protocol, versions) as a parquet dataset."""
+    from .costmodel.export import export_dataset
+    from .measure import ResultStore
+
+    with ResultStore(store) as db:
+        try:
+            count = export_dataset(db, out)
+        except ValueError as exc:
+            _fail(exc)
+    console.print(f"exported {count} measured programs to {out}")
+
+
 @costmodel_app.command("eval")
 def costmodel_eval(model_dir: Path = typer.Argument(..., help="a saved model directory"),
                    store: Optional[Path] = typer.Option(None, help=STORE_HELP),
@@ -220,10 +235,10 @@ def costmodel_eval(model_dir: Path = typer.Argument(..., help="a saved model dir
 
     model = CostModel.load(model_dir)
     with ResultStore(store) as db:
-        X, y, groups = load_dataset(db, list_workloads(workloads) if workloads else None)
+        programs, y, groups = load_dataset(db, list_workloads(workloads) if workloads else None)
     if len(y) == 0:
         _fail(ValueError("no measured programs to evaluate on"))
-    metrics = report(model.predict(X)[0], y, groups)
+    metrics = report(model.predict([p.rows for p in programs])[0], y, groups)
     table = Table(title=f"{len(y)} programs of {len(set(groups))} workloads")
     table.add_column("metric")
     table.add_column("value")

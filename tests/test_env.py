@@ -124,7 +124,7 @@ def test_model_mode_predictions_stay_put_while_hybrid_envs_learn(tmp_path):
     model_env.reset(seed=0)
     assert model_env.oracle.model is shared and shared.frozen
     with pytest.raises(RuntimeError, match="frozen"):
-        shared.update(model_env.oracle.features(model_env.program)[None], [1e-3])
+        shared.update([model_env.oracle.features(model_env.program).rows], [1e-3])
     programs = [model_env.program] + [model_env.catalog.decode(int(i), model_env.groups) for i in
                                       (np.flatnonzero(model_env.action_masks()[1:])[:3] + 1)]
     programs = [programs[0]] + [apply_action(programs[0], a) for a in programs[1:]]

@@ -3,21 +3,37 @@ kept in the result store with their features."""
 from __future__ import annotations
 
 import random
+import time
 from typing import Callable, Iterable
 
 import numpy as np
 
+from ..ir.program import Program
 from ..measure import Protocol, ResultStore, measure, record_key
 from ..measure.context import context
-from ..strategies import apply_action, candidates
-from ..workloads import get_workload
-from .features import FEATURE_VERSION, features
+from ..strategies import REGISTRY, STRATEGY_NAMES, apply_action
+from ..workloads import get_workload, spec
+from .features import FEATURE_VERSION, Features, features
 from .model import CostModel
 
 
-def random_programs(program, count: int, max_steps: int, seed: int) -> list:
-    """`count` distinct programs reached from `program` by seeded random candidate sequences (the start
-    program first)."""
+def random_step(program: Program, rng: random.Random) -> Program | None:
+    """One random action: a strategy drawn uniformly among those with a candidate here, then one of its
+    candidates, so every strategy is as likely as any other (uniform over all candidates would mostly
+    reorder and tile, which offer the most), and only the strategies tried are enumerated; None where no
+    strategy applies."""
+    names = [name for name in STRATEGY_NAMES if name in REGISTRY]
+    rng.shuffle(names)
+    for name in names:
+        found = REGISTRY[name].candidates(program, "llvm")
+        if found:
+            return apply_action(program, rng.choice(found))
+    return None
+
+
+def random_programs(program: Program, count: int, max_steps: int, seed: int) -> list[Program]:
+    """`count` distinct programs reached from `program` by seeded random walks of 1 to `max_steps` actions
+    (`random_step`), the start program first."""
     rng = random.Random(seed)
     found = {program.leir: program}
     attempts = 0
@@ -25,19 +41,20 @@ def random_programs(program, count: int, max_steps: int, seed: int) -> list:
         attempts += 1
         current = program
         for _ in range(rng.randint(1, max_steps)):
-            actions = candidates(current)
-            if not actions:
+            following = random_step(current, rng)
+            if following is None:
                 break
-            current = apply_action(current, rng.choice(actions))
+            current = following
         found.setdefault(current.leir, current)
     return list(found.values())[:count]
 
 
 def collect(store: ResultStore, uris: Iterable[str], per_workload: int, preset: str = "small", seed: int = 0,
             protocol: Protocol | None = None, max_steps: int = 6,
-            progress: Callable[[str, int], None] | None = None) -> int:
-    """Measure `per_workload` programs of each workload into `store` (skipping ones already there);
-    returns how many new records were written."""
+            progress: Callable[[str, int], None] | None = None, deadline: float | None = None) -> int:
+    """Measure `per_workload` programs of each workload into `store` (skipping ones already there, so a
+    stopped collection goes on where it was); returns how many new records were written. Stops before the
+    next program once `time.time()` passes `deadline`."""
     protocol = protocol or Protocol()
     written = 0
     for uri in uris:
@@ -45,28 +62,40 @@ def collect(store: ResultStore, uris: Iterable[str], per_workload: int, preset: 
         store.add_workload(uri, wl.program, preset)
         where = context(wl)
         for program in random_programs(wl.program, per_workload, max_steps, seed):
+            if deadline is not None and time.time() > deadline:
+                return written
             key = record_key(program, "llvm", protocol.key, where)
             if store.get(key) is not None:
                 continue
             m = measure(program, wl, "llvm", protocol)
-            store.put(key, m.to_dict(), uri, features(program).tolist() if m.ok else None, where)
+            store.put(key, m.to_dict(), uri, features(program).to_json() if m.ok else None, where)
             written += 1
             if progress:
                 progress(uri, written)
     return written
 
 
-def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(features, runtimes in seconds, workload per row) of the store's successful records."""
+def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[list[Features], np.ndarray,
+                                                                                 list[str]]:
+    """(each program's features, runtimes in seconds, workload per program) of the store's
+    successful records; features stored by another feature version are computed again from the record's
+    program and its workload's stored signature (records of an unknown workload are left out)."""
     wanted = None if uris is None else set(uris)
-    X, y, groups = [], [], []
+    found_features, y, groups = [], [], []
     for record in store.records(ok_only=True):
-        if record["features"] is None or (wanted is not None and record["workload"] not in wanted):
+        uri = record["workload"]
+        if uri is None or (wanted is not None and uri not in wanted):
             continue
-        X.append(record["features"])
+        found = Features.from_json(record["features"])
+        if found is None:
+            signature = store.signature(uri)
+            if signature is None:
+                continue
+            found = features(Program.parse(record["measurement"]["leir"], signature), record["measurement"]["target"])
+        found_features.append(found)
         y.append(record["measurement"]["median_s"])
-        groups.append(record["workload"])
-    return np.asarray(X, np.float32), np.asarray(y, np.float64), groups
+        groups.append(uri)
+    return found_features, np.asarray(y, np.float64), groups
 
 
 def split_workloads(uris: list[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -77,10 +106,18 @@ def split_workloads(uris: list[str], test_fraction: float, seed: int) -> tuple[l
     return sorted(shuffled[cut:]), sorted(shuffled[:cut])
 
 
+def split_families(uris: list[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Hold whole workload families out (`WorkloadSpec.family`: every matmul, every softmax, ...), so no
+    held-out program has a sibling of the same operator in training: (train, test) URIs, seeded."""
+    family = {uri: spec(uri).family for uri in uris}
+    held = set(split_workloads(sorted(set(family.values())), test_fraction, seed)[1])
+    return sorted(u for u in uris if family[u] not in held), sorted(u for u in uris if family[u] in held)
+
+
 def train(store: ResultStore, uris: Iterable[str] | None = None, members: int = 5, seed: int = 0) -> CostModel:
-    X, y, groups = load_dataset(store, uris)
+    programs, y, groups = load_dataset(store, uris)
     if len(y) < 2:
         raise ValueError(f"the store {store.path} has {len(y)} usable records; measure some first")
-    model = CostModel(members=members, seed=seed).fit(X, y)
+    model = CostModel(members=members, seed=seed).fit([p.rows for p in programs], y, groups)
     model.meta.update(workloads=len(set(groups)), feature_version=FEATURE_VERSION)
     return model

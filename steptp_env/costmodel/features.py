@@ -1,9 +1,18 @@
-"""Program features for the cost model: TVM's per-store features on the lowered module, pooled to a fixed
-length, plus LEIR-level features the TIR view does not show directly (loop kinds, trip counts, bytes,
-arithmetic intensity, vectorizable innermost extents)."""
+"""Program features: the rows the cost model sums over, and a fixed-length vector for observations.
+
+The cost model sees a program as a set of rows, as MetaSchedule's XGBoost model does: one per buffer store
+of the lowered module (TVM's 164 `PerStoreFeature` numbers) and one per LEIR equation
+(`loop_features.equation_row`: loops, strides, footprints), each tagged with its kind; the other part of
+a row is missing (NaN, which XGBoost routes on its own). Observations for RL policies keep a fixed length:
+the store rows pooled (mean, max, sum) plus program-level LEIR numbers (`observation_vector`).
+"""
 from __future__ import annotations
 
+import base64
 import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -11,8 +20,10 @@ from ..ir.analysis import loop_iterations, reduction, reduction_length
 from ..ir.ast import BinOp, Call, Var, accesses, all_loops, equations, walk
 from ..ir.program import Program, tensor_bytes
 from ..measure.metaschedule import meta_schedule
+from .loop_features import ROW_SIZE as EQUATION_SIZE
+from .loop_features import equation_rows
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 PER_STORE = 164
 POOLS = ("mean", "max", "sum")
 LEIR_FEATURES = ("nests", "equations", "log_iterations", "log_max_nest_iterations", "reductions",
@@ -20,18 +31,19 @@ LEIR_FEATURES = ("nests", "equations", "log_iterations", "log_max_nest_iteration
                  "loops_P", "loops_V", "loops_U", "loops_B", "innermost_vectorizable", "log_intermediate_bytes",
                  "transcendental_ops", "max_depth")
 SIZE = PER_STORE * len(POOLS) + len(LEIR_FEATURES)
+"""Length of the observation vector."""
+ROW_WIDTH = 1 + PER_STORE + EQUATION_SIZE
+"""Length of a cost-model row: kind (0 a TIR store, 1 a LEIR equation), the TIR part, the LEIR part."""
 
 
 _EXTRACTOR = None
 
 
-def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
-    """`PerStoreFeature` rows of the lowered module, pooled (mean, max, sum) to 3 x 164 numbers. The module is
-    lowered in TVM's form (`T.init()` reductions, TVM's math intrinsics), the form the packaged model's
-    training programs had (FEATURE_VERSION 1). Every program now runs with its reductions initialised
-    before their loops and float32 exp/log/erf as arithmetic (LOWERING_VERSION 2); the two forms map one to
-    one, so the features still tell programs apart as before, and a model retrained on runtimes of the new
-    lowering learns what the changes are worth."""
+def store_rows(program: Program, target: str = "llvm") -> np.ndarray:
+    """`PerStoreFeature` rows (stores x 164) of the lowered module. The module is lowered in TVM's form
+    (`T.init()` reductions, TVM's math intrinsics), which the extractor understands; the compiled form
+    (reductions initialised before their loops, exp/log/erf as arithmetic) maps one to one onto it, so
+    the rows tell programs apart as well, and runtimes of the compiled form are what the model learns."""
     global _EXTRACTOR
     ms = meta_schedule()
     from tvm.s_tir import Schedule
@@ -44,9 +56,17 @@ def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
     module = lower(program, target, tvm_form=True)
     candidate = ms.MeasureCandidate(Schedule(module), ms.arg_info.ArgInfo.from_prim_func(module["main"]))
     rows = _EXTRACTOR.extract_from(ms.TuneContext(mod=module, target=resolve_target(target)), [candidate])[0]
-    rows = rows.numpy()
-    if rows.size == 0:
-        rows = np.zeros((1, PER_STORE))
+    rows = rows.numpy().astype(np.float32)
+    return rows if rows.size else np.zeros((0, PER_STORE), np.float32)
+
+
+def tir_features(program: Program, target: str = "llvm") -> np.ndarray:
+    """The store rows pooled (mean, max, sum) to 3 x 164 numbers."""
+    return _pooled(store_rows(program, target))
+
+
+def _pooled(rows: np.ndarray) -> np.ndarray:
+    rows = rows if rows.size else np.zeros((1, PER_STORE), np.float32)
     return np.concatenate([rows.mean(0), rows.max(0), rows.sum(0)]).astype(np.float32)
 
 
@@ -84,6 +104,42 @@ def leir_features(program: Program) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
-def features(program: Program, target: str = "llvm") -> np.ndarray:
-    """The cost model's input vector (length `SIZE`)."""
-    return np.concatenate([tir_features(program, target), leir_features(program)])
+@dataclass(frozen=True)
+class Features:
+    """A program's cost-model rows and its observation vector, computed together (one lowering)."""
+
+    rows: np.ndarray  # (stores + equations, ROW_WIDTH)
+    observation: np.ndarray  # (SIZE,)
+
+    def to_json(self) -> dict[str, Any]:
+        """A compact form for the result store: the rows as zlib-compressed float32 bytes in base64."""
+        packed = base64.b64encode(zlib.compress(np.ascontiguousarray(self.rows, np.float32).tobytes(), 6))
+        return {"version": FEATURE_VERSION, "rows": packed.decode(), "row_count": int(len(self.rows)),
+                "observation": self.observation.tolist()}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Features | None:
+        """Features stored by `to_json`; None for another feature version (older records keep a flat
+        list), which the caller recomputes."""
+        if not isinstance(data, dict) or data.get("version") != FEATURE_VERSION:
+            return None
+        flat = np.frombuffer(zlib.decompress(base64.b64decode(data["rows"])), np.float32)
+        rows = flat.reshape(data["row_count"], ROW_WIDTH).copy()
+        return cls(rows, np.asarray(data["observation"], np.float32))
+
+
+def model_rows(stores: np.ndarray, equations: np.ndarray) -> np.ndarray:
+    """Store rows and equation rows in one table of ROW_WIDTH columns, each with the other part missing."""
+    table = np.full((len(stores) + len(equations), ROW_WIDTH), np.nan, np.float32)
+    table[:len(stores), 0] = 0.0
+    table[:len(stores), 1:1 + PER_STORE] = stores
+    table[len(stores):, 0] = 1.0
+    table[len(stores):, 1 + PER_STORE:] = equations
+    return table
+
+
+def features(program: Program, target: str = "llvm") -> Features:
+    """The cost model's rows and the observation vector of a program."""
+    stores = store_rows(program, target)
+    observation = np.concatenate([_pooled(stores), leir_features(program)])
+    return Features(model_rows(stores, equation_rows(program)), observation)

@@ -419,7 +419,7 @@ class StepTPEnv(gym.Env):
                     "candidates": "\n".join(self.candidate_texts())}
         extra = np.array([self._steps / self.max_steps, math.log(self.initial_s / self.runtime_s),
                           math.log(self.runtime_s)], np.float32)
-        features = np.concatenate([_squash(self.oracle.features(self.program)), extra])
+        features = np.concatenate([_squash(self.oracle.features(self.program).observation), extra])
         return {"features": np.clip(features, -100.0, 100.0).astype(np.float32),
                 "action_mask": self.action_masks().astype(np.int8)}
 

@@ -12,10 +12,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
 
-from ..costmodel import CostModel, features
-from ..costmodel.features import SIZE as FEATURE_SIZE
+from ..costmodel import CostModel, Features, features
 from ..measure import Measurement, PairedTiming, Protocol, ResultStore, measure, measure_pair, record_key
 from ..measure.context import context
 from ..ir.program import Program
@@ -51,14 +49,14 @@ class RuntimeOracle:
             raise ValueError(f"mode {mode!r} needs a cost model")
         self.mode, self.target, self.protocol = mode, target, protocol
         self.store, self.model, self.spread_limit = store, model, spread_limit
-        self._features: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._features: OrderedDict[str, Features] = OrderedDict()
         self._measured: OrderedDict[tuple[str, str], Estimate] = OrderedDict()
         self._paired: OrderedDict[tuple[str, str, str], PairedTiming] = OrderedDict()
         self._cache_size = cache_size
         self.counts = {"measured": 0, "stored": 0, "predicted": 0, "paired": 0, "stored pairs": 0}
 
-    def features(self, program: Program) -> np.ndarray:
-        """Cost-model features of a program (cached by its text)."""
+    def features(self, program: Program) -> Features:
+        """Cost-model rows and observation vector of a program (cached by its text)."""
         found = self._features.get(program.leir)
         if found is None:
             found = features(program, self.target)
@@ -71,7 +69,7 @@ class RuntimeOracle:
             cache.popitem(last=False)
 
     def predict(self, program: Program) -> Estimate:
-        runtime, spread = self.model.predict(self.features(program)[None])
+        runtime, spread = self.model.predict([self.features(program).rows])
         self.counts["predicted"] += 1
         return Estimate(float(runtime[0]), "predicted", float(spread[0]), float(runtime[0]))
 
@@ -91,19 +89,20 @@ class RuntimeOracle:
             data = record["measurement"]
             self.counts["stored"] += 1
             estimate = Estimate(data.get("median_s"), "stored", error=data.get("error"))
-            if record.get("features") is not None and len(record["features"]) == FEATURE_SIZE:
-                self._remember(self._features, program.leir, np.asarray(record["features"], np.float32))
+            stored = Features.from_json(record.get("features"))
+            if stored is not None:
+                self._remember(self._features, program.leir, stored)
                 if self.model is not None and estimate.error is None:
-                    self.model.update(self._features[program.leir][None], [estimate.runtime_s], [record["key"]])
+                    self.model.update([stored.rows], [estimate.runtime_s], [record["key"]], [workload.uri])
         else:
             m = measure(program, workload, self.target, self.protocol)
             self.counts["measured"] += 1
             feats = self.features(program) if m.ok else None
             key = key or record_key(program, self.target, self.protocol.key, where)
             if self.store is not None:
-                self.store.put(key, m.to_dict(), workload.uri, None if feats is None else feats.tolist(), where)
+                self.store.put(key, m.to_dict(), workload.uri, None if feats is None else feats.to_json(), where)
             if m.ok and self.model is not None:
-                self.model.update(feats[None], [m.median_s], [key])
+                self.model.update([feats.rows], [m.median_s], [key], [workload.uri])
             estimate = Estimate(m.median_s, "measured", measurement=m, error=m.error)
         self._remember(self._measured, memo, estimate)
         return estimate

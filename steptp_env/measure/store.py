@@ -88,8 +88,9 @@ class ResultStore:
                                (uri, preset, program.leir, json.dumps(program.signature.to_json()), time.time()))
 
     def put(self, key: str, measurement: dict[str, Any], workload: str | None = None,
-            features: list[float] | None = None, context: str | None = None) -> None:
-        """Store one measurement (as produced by `Measurement.to_dict`) under `key`, made in `context`."""
+            features: Any = None, context: str | None = None) -> None:
+        """Store one measurement (as produced by `Measurement.to_dict`) under `key`, made in `context`, with
+        the program's cost-model features (any JSON value; the cost model owns the format)."""
         row = (key, workload, measurement["leir"], measurement["target"], json.dumps(measurement["protocol"],
                sort_keys=True), measurement.get("median_s"), measurement.get("error"),
                json.dumps(measurement, sort_keys=True), None if features is None else json.dumps(features),
@@ -129,6 +130,11 @@ class ResultStore:
         row = self._conn.execute("SELECT key, workload, measurement, features FROM records WHERE key = ?",
                                  (key,)).fetchone()
         return None if row is None else self._record(row)
+
+    def signature(self, uri: str) -> list | None:
+        """The signature (JSON form) a workload was stored with by `add_workload`, or None."""
+        row = self._conn.execute("SELECT signature FROM workloads WHERE uri = ?", (uri,)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def get_candidates(self, key: str) -> str | None:
         """The candidate list stored under `key` by `put_candidates`, or None."""
