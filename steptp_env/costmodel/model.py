@@ -205,8 +205,8 @@ class CostModel:
         logs = []
         for booster in self.boosters:
             base = float(booster.attr("base_margin"))
-            margins = booster.predict(xgboost.DMatrix(rows, base_margin=np.full(len(rows), base, np.float32),
-                                                      missing=np.nan), output_margin=True)
+            margins = booster.inplace_predict(rows, predict_type="margin", missing=np.nan,
+                                              base_margin=np.full(len(rows), base, np.float32))
             logs.append(_program_scores(margins.astype(np.float64), counts)[0])
         logs = np.stack(logs)
         return np.exp(logs.mean(0)), logs.std(0)
