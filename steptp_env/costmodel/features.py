@@ -4,7 +4,7 @@ The cost model sees a program as a set of rows, as MetaSchedule's XGBoost model 
 of the lowered module (TVM's 164 `PerStoreFeature` numbers) and one per LEIR equation
 (`loop_features.equation_row`: loops, strides, footprints), each tagged with its kind; the other part of
 a row is missing (NaN, which XGBoost routes on its own). Observations for RL policies keep a fixed length:
-the store rows pooled (mean, max, sum) plus program-level LEIR numbers (`observation_vector`).
+the store rows pooled (mean, max, sum) plus program-level LEIR numbers (`Features.observation`).
 """
 from __future__ import annotations
 

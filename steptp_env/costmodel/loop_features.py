@@ -16,6 +16,7 @@ import numpy as np
 
 from ..ir.analysis import index_range, reduction
 from ..ir.ast import Access, BinOp, Call, Compare, Const, Equation, Loop, Neg, Var, accesses, equations, walk
+from ..ir.dtypes import dtype_bytes
 from ..ir.program import Program, TensorInfo
 
 LOOP_SLOTS = 5
@@ -88,12 +89,6 @@ def _footprint(access: Access, loops: tuple[Loop, ...], inner: int, width: int) 
     return float(size * width)
 
 
-def _width(tensor: TensorInfo | None) -> int:
-    if tensor is None or tensor.dtype == "bool":
-        return 1
-    return int("".join(c for c in tensor.dtype if c.isdigit()) or 8) // 8
-
-
 def _distinct_accesses(eq: Equation) -> list[Access]:
     found = [eq.lhs]
     for acc in accesses(eq.rhs):
@@ -127,7 +122,7 @@ def equation_row(loops: tuple[Loop, ...], eq: Equation, tensors: dict[str, Tenso
         strides = [_stride(access, shape, l.var) if k < len(inner_first) else 0.0
                    for k, l in zip(range(STRIDE_LOOPS), inner_first)]
         strides += [0.0] * (STRIDE_LOOPS - len(strides))
-        prints = [_footprint(access, loops, level + 1, _width(tensor)) for level in range(LEVELS)]
+        prints = [_footprint(access, loops, level + 1, 1 if tensor is None else dtype_bytes(tensor.dtype)) for level in range(LEVELS)]
         for level, size in enumerate(prints):
             totals[level] += max(size, 0.0)
         row += [_log2(s) if s >= 0 else -1.0 for s in strides] + [_log2(p) if p >= 0 else -1.0 for p in prints]

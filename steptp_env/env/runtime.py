@@ -12,7 +12,6 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-
 from ..costmodel import CostModel, Features, features
 from ..measure import Measurement, PairedTiming, Protocol, ResultStore, measure, measure_pair, record_key
 from ..measure.context import context

@@ -18,6 +18,11 @@ def is_int(dtype: str) -> bool:
     return dtype.startswith(("int", "uint"))
 
 
+def dtype_bytes(dtype: str) -> int:
+    """Bytes one element of `dtype` takes (`bool` 1)."""
+    return 1 if dtype == "bool" else int("".join(c for c in dtype if c.isdigit()) or 8) // 8
+
+
 def float_rank(dtype: str) -> int:
     """Orders float dtypes by width so that mixed expressions promote to the widest."""
     return {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}.get(dtype, 0)

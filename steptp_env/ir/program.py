@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import SignatureError
 from .ast import Nest
-from .dtypes import CODE_TO_DTYPE
+from .dtypes import CODE_TO_DTYPE, dtype_bytes
 from .parser import parse_nests
 from .printer import print_nests
 
@@ -155,8 +155,7 @@ class Program:
 def tensor_bytes(tensor: TensorSpec | TensorInfo) -> int:
     """Bytes a tensor (a signature spec or an analysed tensor) takes: elements times its dtype's width
     (`bool` 1 byte)."""
-    width = 1 if tensor.dtype == "bool" else int("".join(c for c in tensor.dtype if c.isdigit()) or 8) // 8
-    return math.prod(tensor.shape) * width
+    return math.prod(tensor.shape) * dtype_bytes(tensor.dtype)
 
 
 def program_bytes(program: Program) -> int:
