@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from steptp_env.env import StepTPEnv
 
-from . import beam, greedy, mcts, random_search, replay, tree
+from . import beam, focus, greedy, mcts, random_search, replay, tree
 from .common import AgentResult, Search, watch
 
 Agent = Callable[..., AgentResult]
@@ -23,8 +23,8 @@ def _ppo(env: StepTPEnv, budget: int, seed: int, **options: Any) -> AgentResult:
     return run(env, budget, seed, **options)
 
 
-AGENTS: dict[str, Agent] = {"random": random_search.run, "greedy": greedy.run, "beam": beam.run, "bfs": tree.bfs,
-                            "dfs": tree.dfs, "mcts": mcts.run, "replay": replay.run, "ppo": _ppo}
+AGENTS: dict[str, Agent] = {"random": random_search.run, "greedy": greedy.run, "beam": beam.run, "focus": focus.run,
+                            "bfs": tree.bfs, "dfs": tree.dfs, "mcts": mcts.run, "replay": replay.run, "ppo": _ppo}
 
 
 def get_agent(name: str) -> Agent:

@@ -228,7 +228,11 @@ class Search:
     def rank(self, node: Node) -> list[Move]:
         """The moves of a state, fastest predicted first; a seeded shuffle when there is no cost model
         (measure mode)."""
-        moves = self.moves(node)
+        return self.rank_moves(node, self.moves(node))
+
+    def rank_moves(self, node: Node, moves: list[Move]) -> list[Move]:
+        """`moves` (some of the state's moves) in the order of `rank`."""
+        moves = list(moves)
         if node.env.oracle.model is None:
             self.rng.shuffle(moves)
             return moves

@@ -20,6 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
+from results_file import cpu_description
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PROGRESS = RESULTS / "lowering_effect.progress.jsonl"
 BEST = RESULTS / "vs_pytorch.progress.jsonl"
@@ -75,7 +77,8 @@ def report() -> str:
              f"Written by `benchmarks/lowering_effect.py` from `{PROGRESS.name}` ({len(rows)} programs). 'first': "
              "`T.init()` reductions and libm math (`lower(..., tvm_form=True)`); 'current': the default lowering. "
              "One thread, pinned, timed in turn in one process, medians of rounds; ratio = first / current "
-             "(above 1: the current lowering is faster).", ""]
+             "(above 1: the current lowering is faster).", "",
+             f"Processor: {', '.join(sorted({r.get('cpu', 'not recorded') for r in rows}))}.", ""]
     for kind in ("start", "best"):
         mine = [r for r in rows if r["kind"] == kind and r.get("first_s")]
         if not mine:
@@ -119,7 +122,8 @@ def main() -> int:
             for kind, program in jobs:
                 if (uri, kind) in done:
                     continue
-                row = {"uri": uri, "kind": kind, "load": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
+                row = {"uri": uri, "kind": kind, "load": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                       "cpu": cpu_description()}
                 try:
                     row.update({f"{form}_s": value for form, value in both_forms(program, workload,
                                                                                  args.rounds).items()})

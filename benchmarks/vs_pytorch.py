@@ -17,7 +17,8 @@ reads it at import) and torch at T threads:
    rounds, and the medians kept (`agents.compare`), so every figure of a row is taken under the same load.
 Each finished item is appended to vs_pytorch.progress.jsonl with the commit and lowering version it ran (a
 rerun skips it, so a long run can stop and go on; `--redo` measures the named items again, and the report
-keeps each item's last record); vs_pytorch.md and vs_pytorch.png are rewritten from that file after each item. The run also measures the
+keeps each item's last record). Records name the processor; the report has a section for each.
+vs_pytorch.md and vs_pytorch.png are rewritten from that file after each item. The run also measures the
 core's float32 FMA peak (benchmarks/native/fma_peak.c, best of 5) and reports each GEMM's fraction of it.
 Time it on a quiet machine: nothing else running; the load average is recorded per item.
 """
@@ -33,6 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results_file import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -85,7 +88,7 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
     model = CostModel.load(DEFAULT_MODEL_DIR)
     mode = args.mode if model.threads in (None, threads) else "measure"  # the model predicts its protocol only
     row: dict = {"uri": uri, "threads": threads, "agent": args.agent, "budget": args.budget, "mode": mode,
-                 "code": code_version(), "load_before": os.getloadavg()}
+                 "code": code_version(), "cpu": cpu_description(), "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "store.sqlite") as store:
         env = StepTPEnv(uri, PRESET, mode=mode, store=store, model=None if mode == "measure" else model,
                         protocol=protocol)
@@ -183,20 +186,37 @@ def fma_peak_gflops(runs: int = 5, iterations: int = 200_000_000) -> float:
 # -- the report ---------------------------------------------------------------------------------------
 
 
-def _rows() -> tuple[list[dict], list[dict]]:
-    """The last record of every (workload, threads) item, in SUBSET order, and the FMA peak records."""
+NOT_RECORDED = "not recorded"
+
+
+def _rows(cpu: str) -> tuple[list[dict], list[dict]]:
+    """The last record of every (workload, threads) item taken on processor `cpu`, in SUBSET order, and the
+    FMA peak records of that processor (records from before processors were recorded: `NOT_RECORDED`)."""
     items: dict[tuple[str, int], dict] = {}
     peaks = []
-    if PROGRESS.exists():
-        for line in PROGRESS.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "fma_peak":
-                peaks.append(record)
-            else:
-                items.pop((record["uri"], record["threads"]), None)
-                items[(record["uri"], record["threads"])] = record
+    for record in _records():
+        if record["cpu"] != cpu:
+            continue
+        if record.get("kind") == "fma_peak":
+            peaks.append(record)
+        else:
+            items.pop((record["uri"], record["threads"]), None)
+            items[(record["uri"], record["threads"])] = record
     order = {uri: k for k, uri in enumerate(SUBSET)}
     return sorted(items.values(), key=lambda r: order.get(r["uri"], len(order))), peaks
+
+
+def _processors() -> list[str]:
+    """This machine's processor, then the others that records name."""
+    here = cpu_description()
+    return [here] + sorted({r["cpu"] for r in _records()} - {here})
+
+
+def _records() -> list[dict]:
+    records = [json.loads(line) for line in PROGRESS.read_text().splitlines()] if PROGRESS.exists() else []
+    for record in records:
+        record.setdefault("cpu", NOT_RECORDED)
+    return records
 
 
 def _ms(x: float | None) -> str:
@@ -217,26 +237,35 @@ def _geomean(values: list[float | None]) -> float | None:
 
 
 def report() -> str:
-    items, peaks = _rows()
-    peak = peaks[-1] if peaks else None
+    """One section per processor (this machine's first): runtimes and peaks of two processors never meet in
+    a table or a mean."""
     lines = ["# The environment's programs against PyTorch, torch.compile and MetaSchedule", "",
-             f"Written by `benchmarks/vs_pytorch.py` from `{PROGRESS.name}` ({len(items)} items). Ratios are "
-             "time / PyTorch eager called directly (below 1: faster than PyTorch). Every figure of a row was "
-             "timed in one process, in turn, medians of rounds; 'best' is the standard agent's best program.", ""]
+             f"Written by `benchmarks/vs_pytorch.py` from `{PROGRESS.name}`. Ratios are time / PyTorch eager called "
+             "directly (below 1: faster than PyTorch). Every figure of a row was timed in one process, in turn, "
+             "medians of rounds; 'best' is the standard agent's best program. One section per processor, this "
+             f"machine's ({os.cpu_count()} CPUs) first; preset `{PRESET}`.", ""]
+    for cpu in _processors():
+        items, peaks = _rows(cpu)
+        if items or peaks:
+            lines += _processor_section(cpu, items, peaks[-1] if peaks else None)
+    return "\n".join(lines)
+
+
+def _processor_section(cpu: str, items: list[dict], peak: dict | None) -> list[str]:
+    lines = [f"## Processor: {cpu} ({len(items)} items)", ""]
     if peak:
         lines += [f"- single-core float32 FMA peak: {peak['gflops']:.1f} GFLOP/s (benchmarks/native/fma_peak.c, "
                   f"best of 5, load {peak['load'][0]:.2f}, {peak['date']})"]
-    lines += [f"- machine: {os.cpu_count()} CPUs; preset `{PRESET}`"]
     codes: dict[str, int] = {}
     for r in items:
         code = r.get("code") or {"commit": "not recorded", "lowering": "2"}
         key = f"commit {code['commit']}, lowering {code['lowering']}"
         codes[key] = codes.get(key, 0) + 1
-    lines += [f"- code: {'; '.join(f'{key} ({n} items)' for key, n in codes.items())}", ""]
+    lines += [f"- code: {'; '.join(f'{key} ({n} items)' for key, n in codes.items()) or 'no items yet'}", ""]
     for threads in sorted({r["threads"] for r in items}):
         mine = [r for r in items if r["threads"] == threads]
         agent = mine[0]["agent"]
-        lines += [f"## {threads} thread{'s' if threads > 1 else ''}: {agent}, {mine[0]['mode']} mode, budget "
+        lines += [f"### {threads} thread{'s' if threads > 1 else ''}: {agent}, {mine[0]['mode']} mode, budget "
                   f"{mine[0]['budget']}", "",
                   "| workload | start ms | best ms | MetaSchedule ms | eager ms | compiled ms | compile s | "
                   "best/eager | best/compiled | best/MetaSchedule | start/best | GEMM % of peak | agent s | "
@@ -272,17 +301,18 @@ def report() -> str:
         lines += ["", "Best episodes:", ""]
         lines += [f"- {r['uri']}: {' -> '.join(r['best_path']) or '(start program)'}" for r in mine]
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def plot(path: Path) -> None:
-    """Log-scale time / PyTorch eager per workload: start, best, MetaSchedule and torch.compile."""
+    """Log-scale time / PyTorch eager per workload: start, best, MetaSchedule and torch.compile (this
+    machine's items, or those of the first processor that has some)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    items, _ = _rows()
+    items = next((found for cpu in _processors() if (found := _rows(cpu)[0])), [])
     counts = sorted({r["threads"] for r in items})
     if not counts:
         return
@@ -316,7 +346,7 @@ def _write_report() -> None:
 
 
 def _done() -> set[tuple[str, int]]:
-    return {(r["uri"], r["threads"]) for r in _rows()[0]}
+    return {(r["uri"], r["threads"]) for r in _rows(cpu_description())[0]}
 
 
 def _append(record: dict) -> None:
@@ -368,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     shared += [] if args.metaschedule else ["--no-metaschedule"]
     shared += [] if args.compile else ["--no-compile"]
     _append({"kind": "fma_peak", "gflops": fma_peak_gflops(), "load": os.getloadavg(),
-             "date": time.strftime("%Y-%m-%d %H:%M")})
+             "date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_description()})
     failed = 0
     for threads in args.threads:
         for uri in args.workloads:

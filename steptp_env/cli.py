@@ -288,7 +288,7 @@ def _run_folder(out: Path, name: Optional[str], agent: str, workload: str) -> Pa
 def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", help="a suite URI (or a glob)"),
               preset: str = typer.Option("small", "--preset", "-p", help="tiny, small or default"),
               agent: str = typer.Option("greedy", "--agent", "-a",
-                                        help="random, greedy, beam, bfs, dfs, mcts, replay or ppo"),
+                                        help="random, greedy, beam, focus, bfs, dfs, mcts, replay or ppo"),
               budget: int = typer.Option(64, help="measurements to spend (env steps in model mode)"),
               mode: str = typer.Option("hybrid", help="measure, model or hybrid"),
               threads: Optional[int] = typer.Option(None, "--threads", help="threads of the measurement "

@@ -11,15 +11,19 @@ import torch
 from typer.testing import CliRunner
 
 from agents import AGENTS, get_agent
+from agents.common import Move
 from agents.compare import compare, describe, torch_seconds
 from steptp_env.cli import app
 from steptp_env.env import EnvState, StepTPEnv
 from steptp_env.errors import StepTPError
 from steptp_env.frontend.workload import Workload
+from steptp_env.ir.analysis import reduction
+from steptp_env.ir.ast import equations
+from steptp_env.ir.printer import print_expr, print_nest
 from steptp_env.measure import Protocol
 from steptp_env.workloads import get_workload
 
-SEARCH = ["random", "greedy", "beam", "bfs", "dfs", "mcts"]
+SEARCH = ["random", "greedy", "beam", "focus", "bfs", "dfs", "mcts"]
 
 
 def make_env(tmp_path, workload="level1/matmul", max_steps=6, mode="model") -> StepTPEnv:
@@ -31,7 +35,7 @@ def actions(result) -> list[str]:
 
 
 def test_registry_names_every_agent():
-    assert set(AGENTS) == {"random", "greedy", "beam", "bfs", "dfs", "mcts", "replay", "ppo"}
+    assert set(AGENTS) == {"random", "greedy", "beam", "focus", "bfs", "dfs", "mcts", "replay", "ppo"}
     with pytest.raises(KeyError, match="known: random"):
         get_agent("annealing")
 
@@ -48,7 +52,7 @@ def test_search_agent_keeps_its_best_and_is_deterministic(tmp_path, name):
     assert first.state.workload == "level1/matmul_square" and first.counts["measured"] == 0
 
 
-@pytest.mark.parametrize("name", ["greedy", "beam", "mcts"])
+@pytest.mark.parametrize("name", ["greedy", "beam", "focus", "mcts"])
 def test_guided_agents_find_a_faster_matmul(tmp_path, name):
     assert get_agent(name)(make_env(tmp_path), 12, seed=0).speedup > 1.0
 
@@ -181,3 +185,29 @@ def test_a_greedy_run_of_ten_steps_replays_and_validates(tmp_path):
     report = fresh.validate(result.state)
     assert report["ok"], report["errors"]
     assert report["final_leir"] == result.best_leir
+
+
+
+def test_focus_visits_the_heaviest_nest_first_and_keeps_a_phase_on_its_nests(tmp_path):
+    """On an attention block the heaviest nest by work is a GEMM-like reduction, the run's first step acts
+    on it, and a phase offers only moves on its nest or on nests its own moves made or changed."""
+    from agents.common import Search
+    from agents.focus import _nests_of, _order, _Phase
+
+    env = make_env(tmp_path, "level2/mha", max_steps=8)
+    root = Search(env, 10, 0, "focus").root()
+    heaviest, _ = next(iter(_order(root, set())))
+    loops_and_equations = list(equations(env.program.nests[heaviest]))
+    assert any(reduction(loops, eq) is not None and "*" in print_expr(eq.rhs) for loops, eq in loops_and_equations)
+    phase = _Phase(root, heaviest)
+    search = Search(env, 10, 0, "focus")
+    offered = phase.moves(search, search.root())
+    assert offered and all(_nests_of(move) == {heaviest} for move in offered)
+    split = next(m for m in offered if m.text.startswith("reduction_factorization"))
+    child = search.step(search.root(), split)
+    assert len(child.env.program.nests) > len(env.program.nests)  # the combine nest is new, so it is offered
+    touched = set().union(*(_nests_of(m) for m in phase.moves(search, child)))
+    texts = [print_nest(nest) for nest in child.env.program.nests]
+    assert len(touched) >= 2 and not {texts[i] for i in touched} & phase.frozen
+    result = get_agent("focus")(make_env(tmp_path, "level2/mha", max_steps=8), 10, seed=0)
+    assert _nests_of(Move(0, result.trajectory[0]["action"])) == {heaviest}

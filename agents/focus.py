@@ -1,0 +1,128 @@
+"""Nest-by-nest search: spend the budget where the work is, one loop nest at a time.
+
+A program's runtime is close to the sum of its nests' runtimes, and most strategies act on one nest. A
+search over the whole program (beam, greedy) ranks every candidate of every nest at each state, spends a
+level of its budget on each step and so, on an attention block with six GEMM-like nests, reaches two or
+three of them. This agent walks the nests heaviest first (estimated work: iterations times operations,
+transcendental calls weighted as `TRANSCENDENTAL_WEIGHT` operations) and runs a small beam restricted to
+the moves on that nest and on the nests those moves create or change (a phase), with a share of the budget
+in proportion to the nest's share of the remaining work. A phase keeps its best trusted program (measured,
+or any program in model mode); the next phase starts from it. Budget a phase leaves unspent passes on, and
+what all phases leave goes to a last beam over the whole program (moves that touch several nests or no nest,
+such as storage scopes). While a pass improved the program and budget is left, another pass starts from it.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from steptp_env.env import StepTPEnv
+from steptp_env.ir.ast import BinOp, Call, equations, walk
+from steptp_env.ir.printer import print_nest
+from steptp_env.strategies.base import Action
+
+from .common import AgentResult, Move, Node, Search
+
+TRANSCENDENTAL_WEIGHT = 8
+NEST_PARAMS = ("nest", "other", "consumer", "nests")
+MIN_SHARE = 0.02
+"""Nests with less than this share of the start program's work get no phase of their own."""
+
+
+def nest_work(nest) -> float:
+    """Iterations times operations of a nest's equations: the order in which phases visit nests."""
+    work = 0.0
+    for loops, eq in equations(nest):
+        ops = sum(TRANSCENDENTAL_WEIGHT if isinstance(n, Call) else 1 for n in walk(eq.rhs)
+                  if isinstance(n, (BinOp, Call)))
+        work += math.prod(loop.extent for loop in loops) * max(1, ops)
+    return work
+
+
+def _nests_of(move: Move) -> set[int] | None:
+    """The nest indices a move names; None when it names none (a program-wide move)."""
+    action = Action.parse(move.text)
+    named: set[int] = set()
+    for key, value in action.params:
+        if key in NEST_PARAMS:
+            named.update(value if isinstance(value, tuple) else (value,))
+    return named or None
+
+
+def _texts(node: Node) -> list[str]:
+    return [print_nest(nest) for nest in node.env.program.nests]
+
+
+class _Phase:
+    """The nests a phase may touch: every nest of the current program that is not one of the untouched
+    nests of the phase's start (`frozen`), i.e. the focus nest and whatever moves on it made or changed."""
+
+    def __init__(self, start: Node, focus: int) -> None:
+        texts = _texts(start)
+        self.frozen = set(texts[:focus] + texts[focus + 1:])
+
+    def moves(self, search: Search, node: Node) -> list[Move]:
+        free = {i for i, text in enumerate(_texts(node)) if text not in self.frozen}
+        return [m for m in search.moves(node) if (named := _nests_of(m)) is not None and named <= free]
+
+
+def _beam(search: Search, start: Node, moves, stop_at: int, width: int, expand: int) -> Node:
+    """A beam from `start` over `moves(node)` until `stop_at` budget units are spent or two levels bring no
+    better trusted program; returns the best trusted node (`start` if none beat it)."""
+    trusted = search.env.mode == "model"
+    best, frontier, seen, stale = start, [start], {start.leir}, 0
+    while frontier and stale < 2 and search.spent < stop_at and not search.exhausted:
+        children = []
+        for node in frontier:
+            for move in search.rank_moves(node, moves(node))[:expand]:
+                if search.spent >= stop_at or search.exhausted:
+                    break
+                child = search.step(node, move)
+                if child is not None and child.leir not in seen:
+                    seen.add(child.leir)
+                    children.append(child)
+        frontier = sorted(children, key=lambda c: c.runtime_s)[:width]
+        measured = [c for c in children if trusted or search.trajectory[c.entry]["source"] != "predicted"]
+        better = min(measured, key=lambda c: c.runtime_s, default=None)
+        if better is not None and better.runtime_s < best.runtime_s:
+            best, stale = better, 0
+        else:
+            stale += 1
+    return best
+
+
+def _order(node: Node, done: set[str]) -> Iterable[tuple[int, float]]:
+    """(index, work) of the nests not yet visited, heaviest first."""
+    weights = [(i, nest_work(nest)) for i, nest in enumerate(node.env.program.nests)]
+    texts = _texts(node)
+    return sorted(((i, w) for i, w in weights if texts[i] not in done), key=lambda pair: -pair[1])
+
+
+def _round(search: Search, node: Node, width: int, expand: int) -> Node:
+    """One pass: a phase per nest, heaviest first, then a beam over the whole program."""
+    done: set[str] = set()
+    total = sum(nest_work(nest) for nest in node.env.program.nests)
+    while not search.exhausted:
+        pending = list(_order(node, done))
+        remaining = sum(w for _, w in pending)
+        if not pending or pending[0][1] < MIN_SHARE * total:
+            break
+        focus, work = pending[0]
+        done.add(_texts(node)[focus])
+        share = max(2, round((search.budget - search.spent) * work / remaining))
+        phase = _Phase(node, focus)
+        reached = _beam(search, node, lambda n: phase.moves(search, n), search.spent + share, width, expand)
+        done.update(set(_texts(reached)) - phase.frozen)
+        node = reached
+    return _beam(search, node, search.moves, search.budget, width, expand)
+
+
+def run(env: StepTPEnv, budget: int, seed: int, width: int = 2, expand: int = 3) -> AgentResult:
+    search = Search(env, budget, seed, "focus")
+    node = search.root()
+    while not search.exhausted:  # another pass over the nests while the last one found something
+        reached = _round(search, node, width, expand)
+        if reached is node:
+            break
+        node = reached
+    return search.result()
