@@ -2,7 +2,8 @@
 
 Every agent is `run(env, budget, seed, **options) -> AgentResult`; `budget` is in env steps in `model`
 mode and in measured runtimes otherwise (see `agents.common`). `replay` needs `state=`; `ppo` takes
-`policy=` (a trained model or its .zip) and otherwise trains for `budget` timesteps first.
+`policy=` (a trained model or its .zip) and otherwise trains for `budget` timesteps first; `llm` takes
+`model=` (a model folder, a .gguf file or an OpenAI-compatible URL) and needs a text-mode env.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Callable
 
 from steptp_env.env import StepTPEnv
 
-from . import beam, focus, greedy, mcts, random_search, replay, tree
+from . import beam, focus, greedy, llm, mcts, random_search, replay, tree
 from .common import AgentResult, Search, watch
 
 Agent = Callable[..., AgentResult]
@@ -24,7 +25,8 @@ def _ppo(env: StepTPEnv, budget: int, seed: int, **options: Any) -> AgentResult:
 
 
 AGENTS: dict[str, Agent] = {"random": random_search.run, "greedy": greedy.run, "beam": beam.run, "focus": focus.run,
-                            "bfs": tree.bfs, "dfs": tree.dfs, "mcts": mcts.run, "replay": replay.run, "ppo": _ppo}
+                            "bfs": tree.bfs, "dfs": tree.dfs, "mcts": mcts.run, "replay": replay.run, "ppo": _ppo,
+                            "llm": llm.run}
 
 
 def get_agent(name: str) -> Agent:

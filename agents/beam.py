@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from steptp_env.env import StepTPEnv
 
-from .common import AgentResult, Search
+from .common import AgentResult, Proposer, Search
 
 
-def run(env: StepTPEnv, budget: int, seed: int, beam: int = 4, expand: int = 4) -> AgentResult:
-    search = Search(env, budget, seed, "beam")
+def run(env: StepTPEnv, budget: int, seed: int, beam: int = 4, expand: int = 4,
+        proposer: Proposer | None = None) -> AgentResult:
+    search = Search(env, budget, seed, "beam" if proposer is None else "llm-beam", proposer=proposer)
     frontier = [search.root()]
     seen = {frontier[0].leir}
     for _ in range(search.max_depth):

@@ -30,6 +30,8 @@ from steptp_env.strategies import apply_action
 STEPS_PER_UNIT = 8
 
 StepListener = Callable[[dict[str, Any], "Search"], None]
+Proposer = Callable[["Node"], list["Move"]]
+"""Moves for a state in the order to try them, in place of the cost model's ranking (an LLM's proposals)."""
 _listener: contextvars.ContextVar[StepListener | None] = contextvars.ContextVar("steptp_agent_listener",
                                                                                  default=None)
 
@@ -164,7 +166,8 @@ class Search:
     """One agent run on `env`: resets it with `seed` (and `workload`, if given) and keeps the budget, the
     log of steps and the best state."""
 
-    def __init__(self, env: StepTPEnv, budget: int, seed: int, agent: str, workload: str | None = None) -> None:
+    def __init__(self, env: StepTPEnv, budget: int, seed: int, agent: str, workload: str | None = None,
+                 proposer: Proposer | None = None) -> None:
         if budget < 1:
             raise ValueError(f"budget must be at least 1, got {budget}")
         self.env, self.budget, self.agent = env.unwrapped, budget, agent
@@ -178,6 +181,7 @@ class Search:
         self._root = Node(self.env, initial, obs)
         self._best = _Best(initial, source, self.env.program.leir, self.env.state)
         self._listener = _listener.get()
+        self._proposer = proposer
 
     # -- budget ----------------------------------------------------------------------------------------
     @property
@@ -227,11 +231,13 @@ class Search:
 
     def rank(self, node: Node) -> list[Move]:
         """The moves of a state, fastest predicted first; a seeded shuffle when there is no cost model
-        (measure mode)."""
+        (measure mode); the proposer's moves when the search has one."""
+        if self._proposer is not None:
+            return self._proposer(node)
         return self.rank_moves(node, self.moves(node))
 
     def rank_moves(self, node: Node, moves: list[Move]) -> list[Move]:
-        """`moves` (some of the state's moves) in the order of `rank`."""
+        """`moves` (some of the state's moves) in the cost model's order, as `rank` without a proposer."""
         moves = list(moves)
         if node.env.oracle.model is None:
             self.rng.shuffle(moves)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from steptp_env.env import StepTPEnv
 
-from .common import AgentResult, Search
+from .common import AgentResult, Proposer, Search
 
 
-def run(env: StepTPEnv, budget: int, seed: int, width: int = 4) -> AgentResult:
-    search = Search(env, budget, seed, "greedy")
+def run(env: StepTPEnv, budget: int, seed: int, width: int = 4, proposer: Proposer | None = None) -> AgentResult:
+    search = Search(env, budget, seed, "greedy" if proposer is None else "llm-greedy", proposer=proposer)
     node = search.root()
     while node.depth < search.max_depth and not search.exhausted:
         children = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from steptp_env.env import StepTPEnv
 
-from .common import AgentResult, Move, Node, Search
+from .common import AgentResult, Move, Node, Proposer, Search
 
 
 @dataclass
@@ -28,8 +28,9 @@ class _Tree:
         return self.total / self.visits + c * math.sqrt(math.log(parent_visits) / self.visits)
 
 
-def run(env: StepTPEnv, budget: int, seed: int, width: int = 4, c: float = 0.5) -> AgentResult:
-    search = Search(env, budget, seed, "mcts")
+def run(env: StepTPEnv, budget: int, seed: int, width: int = 4, c: float = 0.5,
+        proposer: Proposer | None = None) -> AgentResult:
+    search = Search(env, budget, seed, "mcts" if proposer is None else "llm-mcts", proposer=proposer)
     root = _Tree(search.root())
     while not search.exhausted and not root.closed:
         path = [root]

