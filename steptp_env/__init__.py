@@ -6,7 +6,7 @@ import TVM on first use, which takes a few seconds.
 from .errors import BuildError, IllegalActionError, LoweringError, ParseError, SignatureError, StepTPError
 from .ir import Program, Signature, TensorSpec
 
-__version__ = "0.1.0"
+__version__ = "0.4.0.dev0"  # the changelog's 0.4.0, unreleased
 
 _LAZY = {"lower": ("steptp_env.lower", "lower"), "build": ("steptp_env.measure", "build"),
          "verify": ("steptp_env.measure", "verify"), "VerifyReport": ("steptp_env.measure", "VerifyReport"),
@@ -20,7 +20,12 @@ __all__ = ["Program", "Signature", "TensorSpec", "StepTPError", "ParseError", "S
 
 
 def _register() -> None:
-    """Gymnasium ids; the entry point is a string, so nothing heavy is imported until `gymnasium.make`."""
+    """Gymnasium ids; the entry point is a string, so nothing heavy is imported until `gymnasium.make`.
+
+    Gymnasium 1.x reads no plugin entry points, so an id resolves only once this package is imported;
+    `gymnasium.make("steptp_env:steptp_env/StepTP-v1")` (module prefix) imports it in the same call. The
+    spec carries the env's default episode limit (`max_steps=32`): pass `max_episode_steps` along with a
+    different `max_steps`."""
     try:
         import gymnasium
     except ImportError:  # the LEIR core works without it
@@ -30,7 +35,7 @@ def _register() -> None:
         ids = {f"steptp_env/StepTP-{version}": {}, **{f"steptp_env/StepTP-{m}-{version}": {"mode": m} for m in modes}}
         for env_id, kwargs in ids.items():
             if env_id not in gymnasium.registry:
-                gymnasium.register(env_id, entry_point=entry_point, kwargs=kwargs)
+                gymnasium.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=32)
 
 
 _register()

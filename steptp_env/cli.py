@@ -28,6 +28,20 @@ workloads_app = typer.Typer(help="The workload suite: PyTorch modules translated
 app.add_typer(workloads_app, name="workloads")
 console = Console()
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"steptp_env {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="print the version and exit")) -> None:
+    """steptp_env: LEIR programs, lowering to TVM, measurement."""
+
 SOURCE_HELP = ("a JSON file with 'leir' and 'signature' (a row of the reference corpus), a file holding LEIR "
                "text, or LEIR text itself")
 SIGNATURE_HELP = "the signature as JSON text or a JSON file: a list of {name, shape, dtype, role}"
@@ -436,7 +450,7 @@ EXPORT_FORMATS = ("steptp-chat", "steptp-chat-grounded", "trajectory", "minari")
 
 
 @app.command("export")
-def export_rows(inputs: list[Path] = typer.Argument(..., help="trajectory files or folders of them"),
+def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="trajectory files or folders of them"),
                 out: Path = typer.Option(..., "--out", "-o", help="the export folder"),
                 kind: str = typer.Option("steptp-chat", "--format", "-f", help=", ".join(EXPORT_FORMATS)),
                 system: bool = typer.Option(False, help="start every conversation with our system turn"),
@@ -489,7 +503,7 @@ def _validate(path: Path, workers: int) -> None:
 
 
 @app.command("validate-rows")
-def validate_rows(path: Path = typer.Argument(..., help="a JSONL file of exported rows"),
+def validate_rows(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="a JSONL file of exported rows"),
                   workers: int = typer.Option(2, help="builds at once")) -> None:
     """Re-check every row: the prompt's program parses, each answer parses, identify confirms its
     applied_strategy, and it verifies equivalent to the workload's reference."""
@@ -497,7 +511,8 @@ def validate_rows(path: Path = typer.Argument(..., help="a JSONL file of exporte
 
 
 @app.command("train-llm")
-def train_llm(rows: list[Path] = typer.Argument(..., help="exported rows: .jsonl files or `steptp export` folders"),
+def train_llm(rows: list[Path] = typer.Argument(..., exists=True, help="exported rows: .jsonl files or `steptp export` "
+                                               "folders"),
               out: Path = typer.Option(..., "--out", "-o", help="the checkpoint folder (`steptp run --agent llm "
                                        "--model OUT` loads it)"),
               model: Optional[str] = typer.Option(None, "--model", help="a model folder or .gguf file (default: "
@@ -592,7 +607,7 @@ def eval_llm(model: Optional[str] = typer.Option(None, "--model", help="a model 
 
 
 @app.command("import")
-def import_rows(path: Path = typer.Argument(..., help="a JSONL file of Step-TP chat rows"),
+def import_rows(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="a JSONL file of Step-TP chat rows"),
                 out: Optional[Path] = typer.Option(None, "--out", "-o", help="trajectory file for accepted rows"),
                 workers: int = typer.Option(2, help="builds at once"),
                 max_iterations: Optional[int] = typer.Option(None, help="do not verify programs larger than this "

@@ -65,7 +65,7 @@ def test_rows_split_into_prompt_and_answer_and_bad_inputs_are_named(tmp_path, re
     with pytest.raises(ValueError, match="not a chat row"):
         read_rows([tmp_path / "trajectory.jsonl"])
     result = CliRunner().invoke(app, ["train-llm", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "no row files" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "does not exist" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("lora", [False, True])

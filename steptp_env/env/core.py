@@ -92,7 +92,7 @@ class StepTPEnv(gym.Env):
     2 ms per candidate: hundreds of ms per state at `small`); `"allow"` permits them.
     """
 
-    metadata = {"render_modes": ["ansi"], "reward_range": (-math.inf, math.inf)}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4, "reward_range": (-math.inf, math.inf)}
 
     def __init__(self, workload: str | Sequence[str] | Workload = "level1/matmul_square", preset: str = "small",
                  mode: str = "hybrid", action_mode: str = "index", obs_mode: str = "vector", target: str = "llvm",
@@ -261,7 +261,7 @@ class StepTPEnv(gym.Env):
 
     def _finish(self, reward: float, terminated: bool, truncated: bool, info: dict):
         self._state.walltime = time.perf_counter() - self._started
-        info = {"error": None, "estimate": None, "action": None, **info}
+        info = {"error": None, "estimate": None, "action": None, "verified": False, **info}
         info = self._info(**info)
         return self._observation(), float(reward), terminated, truncated, info
 
