@@ -229,6 +229,11 @@ class Search:
             return math.inf
         return node.env.oracle.predict(after).runtime_s
 
+    def trusted(self, node: Node) -> bool:
+        """Whether a state's runtime may count as a result: any in model mode, a measured (or stored) one
+        otherwise; a hybrid prediction guides the search but never becomes its best."""
+        return self.env.mode == "model" or node.entry < 0 or self.trajectory[node.entry]["source"] != "predicted"
+
     def rank(self, node: Node) -> list[Move]:
         """The moves of a state, fastest predicted first; a seeded shuffle when there is no cost model
         (measure mode); the proposer's moves when the search has one."""
@@ -265,8 +270,7 @@ class Search:
         if error:
             return None
         child = Node(env, runtime, obs, len(self.trajectory) - 1, node.depth + 1)
-        trusted = env.mode == "model" or entry["source"] != "predicted"
-        if trusted and runtime < self._best.runtime_s:
+        if self.trusted(child) and runtime < self._best.runtime_s:
             self._best = _Best(runtime, entry["source"], child.leir, env.state, child.entry)
         return child
 

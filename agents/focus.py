@@ -69,7 +69,6 @@ class _Phase:
 def _beam(search: Search, start: Node, moves, stop_at: int, width: int, expand: int) -> Node:
     """A beam from `start` over `moves(node)` until `stop_at` budget units are spent or two levels bring no
     better trusted program; returns the best trusted node (`start` if none beat it)."""
-    trusted = search.env.mode == "model"
     best, frontier, seen, stale = start, [start], {start.leir}, 0
     while frontier and stale < 2 and search.spent < stop_at and not search.exhausted:
         children = []
@@ -82,8 +81,7 @@ def _beam(search: Search, start: Node, moves, stop_at: int, width: int, expand: 
                     seen.add(child.leir)
                     children.append(child)
         frontier = sorted(children, key=lambda c: c.runtime_s)[:width]
-        measured = [c for c in children if trusted or search.trajectory[c.entry]["source"] != "predicted"]
-        better = min(measured, key=lambda c: c.runtime_s, default=None)
+        better = min(filter(search.trusted, children), key=lambda c: c.runtime_s, default=None)
         if better is not None and better.runtime_s < best.runtime_s:
             best, stale = better, 0
         else:

@@ -67,6 +67,17 @@ class Evaluation:
         return {"summary": [self.summary(s) for s in styles], "answers": [asdict(a) for a in self.answers]}
 
 
+HELD_OUT_FRACTION = 0.2
+
+
+def family_split(seed: int = 0) -> tuple[list[str], list[str]]:
+    """(training, held-out) suite URIs: a fifth of the operator families held out whole, seeded."""
+    from steptp_env.costmodel.dataset import split_families
+    from steptp_env.workloads import list_workloads
+
+    return split_families(list_workloads(), HELD_OUT_FRACTION, seed)
+
+
 def judge(env: StepTPEnv, text: str, style: str) -> Answer:
     """Step `text` on a fork of `env` (which stays at the prompt's program) and read the verdict."""
     proposal = read_proposal(text)

@@ -34,10 +34,9 @@ PRESET = "tiny"
 def _split(work: Path, limit: int | None) -> dict:
     path = work / "split.json"
     if not path.exists():
-        from steptp_env.costmodel.dataset import split_families
-        from steptp_env.workloads import list_workloads
+        from agents.llm_eval import family_split
 
-        train, test = split_families(list_workloads(), 0.2, 0)
+        train, test = family_split(0)
         path.write_text(json.dumps({"train": train, "test": test}, indent=1) + "\n")
     split = json.loads(path.read_text())
     if limit:

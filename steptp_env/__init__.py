@@ -7,6 +7,8 @@ from .errors import BuildError, IllegalActionError, LoweringError, ParseError, S
 from .ir import Program, Signature, TensorSpec
 
 __version__ = "0.4.0.dev0"  # the changelog's 0.4.0, unreleased
+MAX_STEPS = 32
+"""Steps per episode by default: `StepTPEnv(max_steps=)`, the Gymnasium specs' `max_episode_steps`, the CLI."""
 
 _LAZY = {"lower": ("steptp_env.lower", "lower"), "build": ("steptp_env.measure", "build"),
          "verify": ("steptp_env.measure", "verify"), "VerifyReport": ("steptp_env.measure", "VerifyReport"),
@@ -24,7 +26,7 @@ def _register() -> None:
 
     Gymnasium 1.x reads no plugin entry points, so an id resolves only once this package is imported;
     `gymnasium.make("steptp_env:steptp_env/StepTP-v1")` (module prefix) imports it in the same call. The
-    spec carries the env's default episode limit (`max_steps=32`): pass `max_episode_steps` along with a
+    spec carries the env's default episode limit (`MAX_STEPS`): pass `max_episode_steps` along with a
     different `max_steps`."""
     try:
         import gymnasium
@@ -35,7 +37,7 @@ def _register() -> None:
         ids = {f"steptp_env/StepTP-{version}": {}, **{f"steptp_env/StepTP-{m}-{version}": {"mode": m} for m in modes}}
         for env_id, kwargs in ids.items():
             if env_id not in gymnasium.registry:
-                gymnasium.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=32)
+                gymnasium.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=MAX_STEPS)
 
 
 _register()

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from . import MAX_STEPS
 from .errors import StepTPError
 from .ir import Program
 from .ir.analysis import carried_dependences, loop_iterations, reduction, scans
@@ -309,7 +310,7 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
                                                     "protocol (default: the cost model's, 1 for the packaged "
                                                     "one, in model and hybrid mode; all cores in measure mode)"),
               seed: int = typer.Option(0),
-              max_steps: int = typer.Option(32, help="steps per episode: the depth limit of every search"),
+              max_steps: int = typer.Option(MAX_STEPS, help="steps per episode: the depth limit of every search"),
               store: Optional[Path] = typer.Option(None, help=STORE_HELP),
               out: Path = typer.Option(Path("runs"), help="runs are written to OUT/NAME/"),
               name: Optional[str] = typer.Option(None, help="the run's folder name (default: time, agent, workload)"),
@@ -583,12 +584,11 @@ def eval_llm(model: Optional[str] = typer.Option(None, "--model", help="a model 
     """Single-step evaluation of an LLM policy: per answer whether it parses, whether its claimed strategy is
     the identified one, whether it is equivalent, and its speedup; rates per answer style."""
     from agents.llm import backend_for
-    from agents.llm_eval import evaluate
+    from agents.llm_eval import evaluate, family_split
 
-    from .costmodel.dataset import split_families
     from .workloads import list_workloads
 
-    uris = list_workloads(workloads) if workloads else split_families(list_workloads(), 0.2, split_seed)[1]
+    uris = list_workloads(workloads) if workloads else family_split(split_seed)[1]
     try:
         result = evaluate(backend_for(model), uris, tuple(styles), answers, preset, mode, store, seed=seed)
     except (ValueError, StepTPError) as exc:

@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .. import MAX_STEPS
 from ..costmodel import CostModel, default_model
 from ..costmodel.features import SIZE
 from ..errors import StepTPError
@@ -96,7 +97,7 @@ class StepTPEnv(gym.Env):
 
     def __init__(self, workload: str | Sequence[str] | Workload = "level1/matmul_square", preset: str = "small",
                  mode: str = "hybrid", action_mode: str = "index", obs_mode: str = "vector", target: str = "llvm",
-                 dtype: str = "float32", max_steps: int = 32, penalty: float = -1.0,
+                 dtype: str = "float32", max_steps: int = MAX_STEPS, penalty: float = -1.0,
                  store: ResultStore | str | Path | None = None, model: CostModel | str | Path | None = None,
                  protocol: Protocol | None = None, verify_steps: bool | None = None,
                  render_mode: str | None = None, uncertainty_penalty: float = 0.0,
