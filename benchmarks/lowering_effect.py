@@ -71,14 +71,8 @@ def _rows() -> list[dict]:
     return [json.loads(line) for line in PROGRESS.read_text().splitlines()] if PROGRESS.exists() else []
 
 
-def report() -> str:
-    rows = _rows()
-    lines = ["# The lowering changes of issue 16, program by program", "",
-             f"Written by `benchmarks/lowering_effect.py` from `{PROGRESS.name}` ({len(rows)} programs). 'first': "
-             "`T.init()` reductions and libm math (`lower(..., tvm_form=True)`); 'current': the default lowering. "
-             "One thread, pinned, timed in turn in one process, medians of rounds; ratio = first / current "
-             "(above 1: the current lowering is faster).", "",
-             f"Processor: {', '.join(sorted({r.get('cpu', 'not recorded') for r in rows}))}.", ""]
+def _section(rows: list[dict]) -> list[str]:
+    lines = []
     for kind in ("start", "best"):
         mine = [r for r in rows if r["kind"] == kind and r.get("first_s")]
         if not mine:
@@ -86,7 +80,7 @@ def report() -> str:
         ratios = [r["first_s"] / r["current_s"] for r in mine]
         faster = sum(1 for x in ratios if x > 1.05)
         slower = sum(1 for x in ratios if x < 1 / 1.05)
-        lines += [f"## {kind} programs: {len(mine)}", "",
+        lines += [f"### {kind} programs: {len(mine)}", "",
                   f"- geometric mean first / current: {statistics.geometric_mean(ratios):.2f}; more than 5% faster "
                   f"now: {faster}, more than 5% slower now: {slower}; median {statistics.median(ratios):.2f}, "
                   f"min {min(ratios):.2f}, max {max(ratios):.2f}", "",
@@ -96,12 +90,32 @@ def report() -> str:
         lines.append("")
     failed = [r for r in rows if r.get("error")]
     if failed:
-        lines += ["## Not timed", ""] + [f"- {r['uri']} ({r['kind']}): {r['error']}" for r in failed]
+        lines += ["### Not timed", ""] + [f"- {r['uri']} ({r['kind']}): {r['error']}" for r in failed] + [""]
+    return lines
+
+
+def _key(row: dict) -> tuple[str, str]:
+    """Rows taken before the processor and the lowering version were recorded came from lowering 3 on the
+    AMD EPYC family 26 machine (the run of 2026-12-02)."""
+    return row.get("cpu", "not recorded"), row.get("lowering", "3")
+
+
+def report() -> str:
+    rows = _rows()
+    lines = ["# The lowering changes of issue 16, program by program", "",
+             f"Written by `benchmarks/lowering_effect.py` from `{PROGRESS.name}` ({len(rows)} programs). 'first': "
+             "`T.init()` reductions and libm math (`lower(..., tvm_form=True)`); 'current': the default lowering "
+             "of the version the section names (steptp_env.lower.LOWERING_VERSION). One thread, pinned, timed in "
+             "turn in one process, medians of rounds; ratio = first / current (above 1: the current lowering is "
+             "faster). One section per processor and lowering version, newest first.", ""]
+    for cpu, version in sorted({_key(r) for r in rows}, key=lambda k: (k[1], k[0]), reverse=True):
+        lines += [f"## {cpu}, lowering {version}", ""] + _section([r for r in rows if _key(r) == (cpu, version)])
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     from steptp_env import Program
+    from steptp_env.lower import LOWERING_VERSION
     from steptp_env.workloads import get_workload, list_workloads
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -110,7 +124,8 @@ def main() -> int:
     parser.add_argument("--report", action="store_true", help="only rewrite the report")
     args = parser.parse_args()
     if not args.report:
-        done = {(r["uri"], r["kind"]) for r in _rows()}
+        here = (cpu_description(), LOWERING_VERSION)
+        done = {(r["uri"], r["kind"]) for r in _rows() if _key(r) == here}
         best = [json.loads(line) for line in BEST.read_text().splitlines()] if BEST.exists() else []
         best = {r["uri"]: r["best_leir"] for r in best if r.get("best_leir") and r.get("threads") == 1}
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -123,7 +138,7 @@ def main() -> int:
                 if (uri, kind) in done:
                     continue
                 row = {"uri": uri, "kind": kind, "load": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                       "cpu": cpu_description()}
+                       "cpu": here[0], "lowering": LOWERING_VERSION}
                 try:
                     row.update({f"{form}_s": value for form, value in both_forms(program, workload,
                                                                                  args.rounds).items()})

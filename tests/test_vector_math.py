@@ -110,3 +110,27 @@ def test_nested_calls_stay_linear_in_size():
     for func in ("exp", "log", "erf", "exp", "log", "erf"):
         expected = {"exp": np.exp, "log": np.log, "erf": np.vectorize(math.erf)}[func](expected * 0.5)
     np.testing.assert_allclose(build(program)({"A": xs})["C"], expected, rtol=1e-5)
+
+
+def test_scalar_reductions_keep_libm():
+    """The polynomial forms pay off only in vector code: a statement whose innermost loop accumulates into
+    one element stays scalar (LLVM does not reassociate float sums) and keeps libm's table-driven expf,
+    while a plain loop over distinct elements takes the polynomial form and LLVM vectorises it (lowering 4).
+    Both compute the same values."""
+    signature = [{"name": "A", "shape": [4, 64], "dtype": "float32"},
+                 {"name": "C", "shape": [4], "dtype": "float32", "role": "output"},
+                 {"name": "D", "shape": [4, 64], "dtype": "float32", "role": "output"}]
+    xs = np.random.default_rng(3).uniform(-5, 5, (4, 64)).astype(np.float32)
+    summed = Program.parse("L^{4}_{a=0}L^{64}_{b=0}[C^{f32,g}_{a}=C^{f32,g}_{a}+exp(A^{f32,g}_{a,b});];"
+                           "L^{4}_{a=0}L^{64}_{b=0}[D^{f32,g}_{a,b}=A^{f32,g}_{a,b};];", signature)
+    mapped = Program.parse("L^{4}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a,0};];"
+                           "L^{4}_{a=0}L^{64}_{b=0}[D^{f32,g}_{a,b}=exp(A^{f32,g}_{a,b});];", signature)
+    for program, libm in ((summed, True), (mapped, False)):
+        kernel = build(program)
+        out = kernel({"A": xs})
+        expected_sum = np.exp(xs.astype(np.float64)).sum(axis=1)
+        if libm:
+            np.testing.assert_allclose(out["C"], expected_sum, rtol=1e-5)
+        else:
+            np.testing.assert_allclose(out["D"], np.exp(xs.astype(np.float64)), rtol=1e-6)
+        assert ("expf" in kernel.executable.mod.inspect_source("asm")) is libm

@@ -36,11 +36,12 @@ GPU_AXES = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
             "bx": "blockIdx.x", "by": "blockIdx.y", "bz": "blockIdx.z"}
 """Prefix of a `B` loop's variable name -> the CUDA axis it binds (`tx`, `bxc`, `tya`, ...)."""
 
-LOWERING_VERSION = "3"
+LOWERING_VERSION = "4"
 """Changes whenever the code a program lowers to changes, and is stored with every measurement (1: `T.init()`
 reductions and libm math; 2: reductions initialised before their loops, float32 exp/log/erf from
 `vector_math`; 3: a local intermediate whose accesses all lie under one loop is allocated inside that loop,
-one iteration's tile, see `placement`). Store keys hash the lowered module itself, so no runtime is ever
+one iteration's tile, see `placement`; 4: `vector_math` only in statements that vectorise, libm in scalar
+reductions, see `_vectorises`). Store keys hash the lowered module itself, so no runtime is ever
 reused across versions."""
 
 LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
@@ -412,6 +413,7 @@ class _ExprLowering:
         self.bounds = {l.var: l.extent for l in loops}
         self.self_identity = self_identity
         self.fresh = fresh
+        self.vector_math = _vectorises(loops, eq) and not fb.tvm_form
         target = fb.buffers[eq.lhs.name].dtype
         self.float_default = target if is_float(target) else "float64"
 
@@ -574,10 +576,23 @@ class _ExprLowering:
         if f == "abs":
             return tirx.abs(self.materialize(args[0]))
         x = self.as_float(args[0])
-        if f in vector_math.FUNCTIONS and _dt(x) == "float32" and not self.fb.tvm_form and \
+        if f in vector_math.FUNCTIONS and _dt(x) == "float32" and self.vector_math and \
                 _expanded_depth(expr.args[0]) < vector_math.MAX_NESTED:
             return vector_math.vector_call(f, x)
         return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](x)
+
+
+def _vectorises(loops: tuple[Loop, ...], eq: Equation) -> bool:
+    """Whether a statement's innermost loop runs as vector code: a `V` loop, or a loop over distinct stored
+    elements, which LLVM's loop vectoriser takes. A statement whose innermost loop accumulates into one
+    element (a reduction or scan along it, or no loop at all) stays scalar, since LLVM does not reassociate
+    float operations; there glibc's table-driven expf and logf beat `vector_math`'s polynomial forms, which
+    pay off only many lanes at a time (with the forms everywhere, lowering 3, kl_div_loss's start program
+    ran 1.64x slower and attention's about 10%: benchmarks/results/lowering_effect.md)."""
+    if not loops:
+        return False
+    inner = loops[-1]
+    return inner.kind == "V" or any(inner.var in free_vars(index) for index in eq.lhs.indices)
 
 
 def _expanded_depth(expr: Expr) -> int:
