@@ -631,11 +631,23 @@ def import_rows(path: Path = typer.Argument(..., exists=True, dir_okay=False, he
 
 @workloads_app.command("list")
 def workloads_list(pattern: Optional[str] = typer.Argument(None, metavar="[FILTER]",
-                                                           help="a glob such as 'level1/*conv*' (or a substring)")) -> None:
-    """List the suite's workloads: URI, level and family."""
+                                                           help="a glob such as 'level1/*conv*' (or a substring)"),
+                   as_json: bool = typer.Option(False, "--json", help="one JSON array of {uri, level, family}"),
+                   plain: bool = typer.Option(False, "--plain", help="one URI a line, nothing else")) -> None:
+    """List the suite's workloads: URI, level and family. The table fits the terminal; `--plain` and
+    `--json` are for scripts and pipes, whole URIs whatever the width."""
     from .workloads import list_workloads, spec
 
+    if as_json and plain:
+        _fail(StepTPError("--json and --plain exclude each other"))
     uris = list_workloads(pattern)
+    if plain:
+        for uri in uris:
+            typer.echo(uri)
+        return
+    if as_json:
+        typer.echo(json.dumps([{"uri": uri, "level": spec(uri).level, "family": spec(uri).family} for uri in uris]))
+        return
     table = Table(title=f"{len(uris)} workload(s)" + (f" matching {pattern!r}" if pattern else ""))
     for col in ("uri", "level", "family"):
         table.add_column(col)

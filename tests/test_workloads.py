@@ -145,6 +145,21 @@ def test_cli_list_and_show():
     assert "nests: 4" in shown.stdout and "loop iterations" in shown.stdout and "LEIR chars" in shown.stdout
 
 
+def test_cli_list_for_scripts():
+    """`--plain` and `--json` give whole URIs whatever the terminal width (the table truncates at 80
+    columns), and refuse to be combined."""
+    import json
+
+    plain = runner.invoke(app, ["workloads", "list", "level1/*conv*", "--plain"])
+    assert plain.exit_code == 0 and plain.stdout.splitlines() == list_workloads("level1/*conv*")
+    listed = runner.invoke(app, ["workloads", "list", "level2/m?a", "--json"])
+    assert listed.exit_code == 0
+    assert json.loads(listed.stdout) == [{"uri": uri, "level": spec(uri).level, "family": spec(uri).family}
+                                         for uri in ("level2/mha", "level2/mqa")]
+    both = runner.invoke(app, ["workloads", "list", "--json", "--plain"])
+    assert both.exit_code == 2 and "exclude each other" in both.stdout
+
+
 def test_cli_unknown_uri_is_a_clean_error():
     result = runner.invoke(app, ["workloads", "show", "level2/gemm_relu_divid"])
     assert result.exit_code == 2
