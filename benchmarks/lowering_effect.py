@@ -108,7 +108,7 @@ def report() -> str:
              "of the version the section names (steptp_env.lower.LOWERING_VERSION). One thread, pinned, timed in "
              "turn in one process, medians of rounds; ratio = first / current (above 1: the current lowering is "
              "faster). One section per processor and lowering version, newest first.", ""]
-    for cpu, version in sorted({_key(r) for r in rows}, key=lambda k: (k[1], k[0]), reverse=True):
+    for cpu, version in sorted({_key(r) for r in rows}, key=lambda k: (int(k[1]), k[0]), reverse=True):
         lines += [f"## {cpu}, lowering {version}", ""] + _section([r for r in rows if _key(r) == (cpu, version)])
     return "\n".join(lines) + "\n"
 

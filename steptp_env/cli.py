@@ -645,15 +645,15 @@ def workloads_list(pattern: Optional[str] = typer.Argument(None, metavar="[FILTE
         for uri in uris:
             typer.echo(uri)
         return
+    rows = [(uri, entry.level, entry.family) for uri, entry in zip(uris, map(spec, uris))]
     if as_json:
-        typer.echo(json.dumps([{"uri": uri, "level": spec(uri).level, "family": spec(uri).family} for uri in uris]))
+        typer.echo(json.dumps([dict(zip(("uri", "level", "family"), row)) for row in rows]))
         return
     table = Table(title=f"{len(uris)} workload(s)" + (f" matching {pattern!r}" if pattern else ""))
     for col in ("uri", "level", "family"):
         table.add_column(col)
-    for uri in uris:
-        entry = spec(uri)
-        table.add_row(uri, entry.level, entry.family)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 
