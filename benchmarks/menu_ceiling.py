@@ -71,14 +71,15 @@ def run_workload(uri: str, chains: dict[str, list[str]], rounds: int) -> dict:
             "load_after": os.getloadavg()}
 
 
-def report(peak: float, rows: list[dict], cpu: str, date: str) -> str:
+def report(peak: float, peak_load: tuple, rows: list[dict], cpu: str, date: str) -> str:
     lines = ["# What the action menu reaches: fixed chains against PyTorch", "",
              "Written by `benchmarks/menu_ceiling.py`. One thread, preset `small`; every prefix of every chain "
              "and PyTorch eager (direct module call, `torch.inference_mode()`) timed in turn in one process, "
              "medians of rounds; each program verified against the model when measured. 'in menu': the action "
              "is among the candidates of the program it is applied to.", "",
              f"- processor: {cpu}; {os.cpu_count()} CPUs; {date}",
-             f"- single-core float32 FMA peak: {peak:.1f} GFLOP/s (benchmarks/native/fma_peak.c, best of 5)", ""]
+             f"- single-core float32 FMA peak: {peak:.1f} GFLOP/s (benchmarks/native/fma_peak.c, best of 5, load "
+             f"{peak_load[0]:.2f})", ""]
     for row in rows:
         eager = row["medians_s"].get("eager")
         lines += [f"## {row['uri']}", "",
@@ -106,13 +107,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    peak_load = os.getloadavg()
     peak = fma_peak_gflops()
     rows = [run_workload(uri, chains, args.rounds) for uri, chains in CHAINS.items()]
     cpu, date = cpu_description(), time.strftime("%Y-%m-%d %H:%M")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "menu_ceiling.json").write_text(json.dumps({"cpu": cpu, "date": date, "fma_peak_gflops": peak,
-                                                           "rows": rows}, indent=1) + "\n")
-    (RESULTS / "menu_ceiling.md").write_text(report(peak, rows, cpu, date))
+                                                           "fma_peak_load": peak_load, "rows": rows}, indent=1) + "\n")
+    (RESULTS / "menu_ceiling.md").write_text(report(peak, peak_load, rows, cpu, date))
     return 0
 
 
