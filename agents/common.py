@@ -250,10 +250,22 @@ class Search:
         predicted = [self.predict(node, m) for m in moves]
         return [m for _, m in sorted(zip(predicted, moves), key=lambda pair: pair[0])]
 
+    def actions_between(self, start: Node, end: Node) -> list[str]:
+        """The action texts of the steps that led from `start` to `end` (a descendant of it), in order."""
+        texts, entry = [], end.entry
+        while entry != start.entry:
+            if entry < 0:
+                raise ValueError("the end node does not descend from the start node")
+            texts.append(self.trajectory[entry]["action"])
+            entry = self.trajectory[entry]["parent"]
+        return texts[::-1]
+
     # -- stepping --------------------------------------------------------------------------------------
     def step(self, node: Node, move: Move, fork: bool = True) -> Node | None:
         """Take `move` from `node` (on a fork unless `fork=False`), log it, and return the new state, or None
-        when the step failed (the failure is logged with its error)."""
+        when the step failed (the failure is logged with its error). The log's `verified` is True when the
+        step checked its program against the model (every measured step, every step in hybrid mode by
+        default), None when it did not."""
         env = node.env.fork() if fork else node.env
         obs, reward, _, _, info = env.step(move.action)
         self._steps += 1
@@ -261,7 +273,7 @@ class Search:
         runtime = None if error else info["runtime_s"]
         entry = {"step": len(self.trajectory), "action": info["action"] or move.text, "reward": reward,
                  "runtime_s": runtime, "speedup": None if error else self.initial_s / runtime,
-                 "source": info.get("runtime_source"), "verified": (info.get("verify") or {}).get("equivalent"),
+                 "source": info.get("runtime_source"), "verified": True if info["verified"] else None,
                  "error": error, "parent": node.entry, "depth": node.depth if error else node.depth + 1,
                  "spent": self.spent}
         self.trajectory.append(entry)

@@ -6,10 +6,15 @@ level of its budget on each step and so, on an attention block with six GEMM-lik
 three of them. This agent walks the nests heaviest first (estimated work: iterations times operations,
 transcendental calls weighted as `TRANSCENDENTAL_WEIGHT` operations) and runs a small beam restricted to
 the moves on that nest and on the nests those moves create or change (a phase), with a share of the budget
-in proportion to the nest's share of the remaining work. A phase keeps its best trusted program (measured,
-or any program in model mode); the next phase starts from it. Budget a phase leaves unspent passes on, and
-what all phases leave goes to a last beam over the whole program (moves that touch several nests or no nest,
-such as storage scopes). While a pass improved the program and budget is left, another pass starts from it.
+in proportion to the nest's share of the remaining work. On a contraction (a GEMM-like nest) the phase
+first plays the register-tile chains of `tiles` whole, middle steps predicted and the end measured, and
+its beam starts from the fastest. A phase keeps its best trusted program (measured, or any program in
+model mode); the next phase starts from it. When a phase found a faster program, its chain is first
+replayed on the focus nest's twins (nests equal to it up to names: an attention block's projections, see
+`transfer`), each replay kept when it ends faster, so a twin costs a replay, not a phase.
+Budget a phase leaves unspent passes on, and what all phases leave goes to a last beam over the whole
+program (moves that touch several nests or no nest, such as storage scopes). While a pass improved the
+program and budget is left, another pass starts from it.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from steptp_env.ir.printer import print_nest
 from steptp_env.strategies.base import Action
 
 from .common import AgentResult, Move, Node, Search
+from .tiles import register_tile_chains
+from .transfer import transfer, twins
 
 TRANSCENDENTAL_WEIGHT = 8
 NEST_PARAMS = ("nest", "other", "consumer", "nests")
@@ -96,6 +103,51 @@ def _order(node: Node, done: set[str]) -> Iterable[tuple[int, float]]:
     return sorted(((i, w) for i, w in weights if texts[i] not in done), key=lambda pair: -pair[1])
 
 
+def _play(search: Search, node: Node, texts: list[str]) -> Node | None:
+    """Step a known chain from `node`: the middle steps predicted, the last one measured (hybrid mode, see
+    `RuntimeOracle.forcing`). The end node, or None when a step failed or the budget ran out."""
+    for k, text in enumerate(texts):
+        if search.exhausted:
+            return None
+        with node.env.oracle.forcing(k == len(texts) - 1):
+            node = search.step(node, Move(text, text))
+        if node is None:
+            return None
+    return node
+
+
+def _faster(search: Search, node: Node | None, than: Node) -> bool:
+    return node is not None and search.trusted(node) and node.runtime_s < than.runtime_s
+
+
+def _register_tiles(search: Search, node: Node, focus: int) -> Node:
+    """Play the register-tile chains of the focus nest (`tiles`); the fastest trusted end, or `node`."""
+    best = node
+    for chain in register_tile_chains(node.env.program, focus):
+        end = _play(search, node, chain)
+        if _faster(search, end, best):
+            best = end
+    return best
+
+
+def _carry_over(search: Search, start: Node, focus: int, reached: Node, done: set[str]) -> Node:
+    """Replay the chain that took `start` to `reached` (a phase on nest `focus`) on each twin of that nest
+    (same nest up to names, untouched so far); keep a replay when its end is a trusted, faster program, and
+    mark the twin's new nests visited. Returns the last kept node."""
+    chain = search.actions_between(start, reached)
+    base = start.env.program
+    for twin in [print_nest(base.nests[i]) for i in twins(base, focus)]:
+        texts = _texts(reached)
+        if search.exhausted or twin not in texts:
+            continue
+        moved = transfer(base, focus, chain, reached.env.program, texts.index(twin))
+        end = _play(search, reached, moved) if moved else None
+        if _faster(search, end, reached):
+            done.update(set(_texts(end)) - set(texts))
+            reached = end
+    return reached
+
+
 def _round(search: Search, node: Node, width: int, expand: int) -> Node:
     """One pass: a phase per nest, heaviest first, then a beam over the whole program."""
     done: set[str] = set()
@@ -109,8 +161,11 @@ def _round(search: Search, node: Node, width: int, expand: int) -> Node:
         done.add(_texts(node)[focus])
         share = max(2, round((search.budget - search.spent) * work / remaining))
         phase = _Phase(node, focus)
-        reached = _beam(search, node, lambda n: phase.moves(search, n), search.spent + share, width, expand)
+        tiled = _register_tiles(search, node, focus)
+        reached = _beam(search, tiled, lambda n: phase.moves(search, n), search.spent + share, width, expand)
         done.update(set(_texts(reached)) - phase.frozen)
+        if reached is not node:
+            reached = _carry_over(search, node, focus, reached, done)
         node = reached
     return _beam(search, node, search.moves, search.budget, width, expand)
 

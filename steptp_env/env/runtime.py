@@ -8,8 +8,10 @@ Measured runtimes feed the model online (it retrains as the data grows by ~20%).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..costmodel import CostModel, Features, features
@@ -53,6 +55,20 @@ class RuntimeOracle:
         self._paired: OrderedDict[tuple[str, str, str], PairedTiming] = OrderedDict()
         self._cache_size = cache_size
         self.counts = {"measured": 0, "stored": 0, "predicted": 0, "paired": 0, "stored pairs": 0}
+        self._forced: bool | None = None
+
+    @contextlib.contextmanager
+    def forcing(self, measure: bool) -> Iterator[None]:
+        """Hybrid mode: inside the block every runtime is measured (`measure=True`) or predicted (False),
+        whatever the ensemble's spread and the episode's best. A search uses it to play a known chain of
+        actions whole: its middle steps predicted (they cost no budget and, verified, still pay a reward
+        on a checked program), its end measured (the only result it may keep). A runtime measured before
+        is returned as measured either way. No effect in the other modes."""
+        saved, self._forced = self._forced, measure
+        try:
+            yield
+        finally:
+            self._forced = saved
 
     def features(self, program: Program) -> Features:
         """Cost-model rows and observation vector of a program (cached by its text)."""
@@ -143,7 +159,10 @@ class RuntimeOracle:
         if self.mode == "model":
             return estimate
         estimate.runtime_s *= scale
-        if estimate.spread > self.spread_limit or (best_s is not None and estimate.runtime_s < best_s):
+        if self._forced is False:
+            return estimate
+        claims_best = best_s is not None and estimate.runtime_s < best_s
+        if self._forced or estimate.spread > self.spread_limit or claims_best:
             measured = self.measure(program, workload)
             measured.predicted_s = estimate.predicted_s
             return measured

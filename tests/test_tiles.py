@@ -1,0 +1,80 @@
+"""Register-tile chains: built from the menu for contractions only, exact (the same chain as the menu
+ceiling's hand-written one), equivalent to the model when played, and played by the focus agent with the
+middle steps predicted and the end measured (`RuntimeOracle.forcing`)."""
+from __future__ import annotations
+
+import pytest
+
+from agents.common import Search
+from agents.focus import _register_tiles
+from agents.tiles import register_tile_chains
+from steptp_env.env import StepTPEnv
+from steptp_env.measure import Protocol, measure
+from steptp_env.strategies.base import apply_action, candidates
+from steptp_env.workloads import get_workload
+
+MENU_CEILING_4X64 = [
+    "loop_tiling(nest=0, loops=[a,c], factors=[4,64])", "loop_reorder(nest=0, order=[f,g,d,a,c])",
+    "cache_read_write(nest=0, tensor=D, mode=write, scope=l, at=g)", "loop_split(nest=0, loop=c, factor=16)",
+    "loop_vectorization(nest=0, loop=c)", "loop_unrolling(nest=0, loop=j)", "loop_unrolling(nest=0, loop=a)"]
+"""benchmarks/menu_ceiling.py's register tile of matmul_square at `small`, written by hand."""
+
+
+def test_matmul_chain_is_the_hand_written_micro_kernel_and_every_action_is_on_the_menu():
+    program = get_workload("level1/matmul_square", "small").program
+    chains = register_tile_chains(program, 0)
+    assert len(chains) == 2 and chains[0] == MENU_CEILING_4X64
+    assert chains[1][0] == "loop_tiling(nest=0, loops=[a,c], factors=[8,32])"
+    for action in chains[1]:
+        assert action in {c.text for c in candidates(program)}
+        program = apply_action(program, action)
+
+
+def test_only_contractions_with_a_vector_axis_get_chains():
+    mha = get_workload("level2/mha", "small").program
+    with_chains = [n for n in range(len(mha.nests)) if register_tile_chains(mha, n)]
+    assert with_chains == [0, 4, 8, 12, 20]  # the projections and q.k; not the exp sum, the copies or p.v
+    assert register_tile_chains(mha, 0)[0][0] == "layout_transformation(nest=0, tensor=C, layout=[1,0])"
+    assert register_tile_chains(get_workload("level1/matvec", "small").program, 0) == []  # one output axis
+
+
+@pytest.mark.parametrize("uri", ["level1/matmul_square", "level2/gemm_relu_divide"])
+def test_chains_are_equivalent_to_the_model(uri):
+    workload = get_workload(uri, "tiny")
+    chains = register_tile_chains(workload.program, 0)
+    assert chains
+    for chain in chains:
+        program = workload.program
+        for action in chain:
+            program = apply_action(program, action)
+        check = measure(program, workload, "llvm", Protocol(threads=1), timing=False)
+        assert check.ok, (chain, check.error)
+
+
+def test_forcing_measures_or_predicts_whatever_the_model_says(tmp_path):
+    env = StepTPEnv("level1/matmul_square", "tiny", mode="hybrid", store=tmp_path / "s.sqlite")
+    env.reset(seed=0)
+    split, reorder = "loop_split(nest=0, loop=d, factor=8)", "loop_reorder(nest=0, order=[a,d,c])"
+    with env.oracle.forcing(True):
+        info = env.fork().step(split)[4]
+    assert info["error"] is None and info["runtime_source"] == "measured"
+    with env.oracle.forcing(False):
+        info = env.fork().step(reorder)[4]
+    assert info["error"] is None and info["runtime_source"] == "predicted" and info["verified"]
+    assert env.fork().step(split)[4]["runtime_source"] == "measured"  # measured before: measured either way
+
+
+def test_focus_plays_tile_chains_with_only_their_ends_measured(tmp_path):
+    env = StepTPEnv("level1/matmul_square", "tiny", mode="hybrid", store=tmp_path / "s.sqlite")
+    search = Search(env, 64, 0, "focus")
+    start = search.root()
+    best = _register_tiles(search, start, 0)
+    chains = register_tile_chains(start.env.program, 0)
+    assert [step["action"] for step in search.trajectory] == chains[0] + chains[1]
+    sources = [step["source"] for step in search.trajectory]
+    ends = {len(chains[0]) - 1, len(search.trajectory) - 1}
+    assert all(s in ("measured", "stored") for i, s in enumerate(sources) if i in ends)
+    assert all(s == "predicted" for i, s in enumerate(sources) if i not in ends)
+    assert all(step["verified"] for step in search.trajectory)
+    assert best is start or (search.trusted(best) and best.runtime_s < start.runtime_s)
+    assert search.spent == 3  # the start program and the two ends
