@@ -80,6 +80,8 @@ def _beam(search: Search, start: Node, moves, stop_at: int, width: int, expand: 
     while frontier and stale < 2 and search.spent < stop_at and not search.exhausted:
         children = []
         for node in frontier:
+            if node.depth >= search.max_depth:
+                continue
             for move in search.rank_moves(node, moves(node))[:expand]:
                 if search.spent >= stop_at or search.exhausted:
                     break
@@ -105,7 +107,10 @@ def _order(node: Node, done: set[str]) -> Iterable[tuple[int, float]]:
 
 def _play(search: Search, node: Node, texts: list[str]) -> Node | None:
     """Step a known chain from `node`: the middle steps predicted, the last one measured (hybrid mode, see
-    `RuntimeOracle.forcing`). The end node, or None when a step failed or the budget ran out."""
+    `RuntimeOracle.forcing`). The end node, or None when a step failed, the budget ran out or the chain
+    would pass the episode's step limit."""
+    if node.depth + len(texts) > search.max_depth:
+        return None
     for k, text in enumerate(texts):
         if search.exhausted:
             return None

@@ -97,15 +97,19 @@ def _chain(program: Program, n: int, rows: int, cols: int) -> list[str]:
         play(f"layout_transformation(nest={n}, tensor={tensor}, layout=[{','.join(map(str, layout))}])")
         n += 1
     reduced = set(reduction(loops, eq).reduced_vars)
-    before = play(f"loop_tiling(nest={n}, loops=[{i},{j}], factors=[{rows},{cols}])")
-    new = _new_loops(before, program, n)
-    tile_i, tile_j = _outer_of(program, n, i, new), _outer_of(program, n, j, new)
+    if cols < program.nests[n].loop(j).extent:
+        before = play(f"loop_tiling(nest={n}, loops=[{i},{j}], factors=[{rows},{cols}])")
+        new = _new_loops(before, program, n)
+        tiles = [_outer_of(program, n, i, new), _outer_of(program, n, j, new)]
+    else:  # the tile spans the whole row: only the rows are split
+        before = play(f"loop_split(nest={n}, loop={i}, factor={rows})")
+        tiles = _new_loops(before, program, n)
     names = program.nests[n].loop_vars
-    outer = [v for v in names if v not in reduced and v not in (i, j, tile_i, tile_j)]
-    order = outer + [tile_i, tile_j] + [v for v in names if v in reduced] + [i, j]
+    outer = [v for v in names if v not in reduced and v not in (i, j, *tiles)]
+    order = outer + tiles + [v for v in names if v in reduced] + [i, j]
     if list(names) != order:
         play(f"loop_reorder(nest={n}, order=[{','.join(order)}])")
-    play(f"cache_read_write(nest={n}, tensor={eq.lhs.name}, mode=write, scope=l, at={tile_j})")
+    play(f"cache_read_write(nest={n}, tensor={eq.lhs.name}, mode=write, scope=l, at={tiles[-1]})")
     lanes = next(l for l in LANES if cols % l == 0)
     vectors = None
     if cols > lanes:
@@ -128,7 +132,7 @@ def register_tile_chains(program: Program, n: int) -> list[list[str]]:
     rows_extent, cols_extent = extent[found[2]], extent[found[3]]
     chains = []
     for rows, cols in TILES:
-        if rows_extent % rows or cols_extent % cols or rows >= rows_extent or cols >= cols_extent \
+        if rows_extent % rows or cols_extent % cols or rows >= rows_extent or cols > cols_extent \
                 or not any(cols % l == 0 for l in LANES):
             continue
         try:

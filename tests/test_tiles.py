@@ -33,12 +33,12 @@ def test_matmul_chain_is_the_hand_written_micro_kernel_and_every_action_is_on_th
 def test_only_contractions_with_a_vector_axis_get_chains():
     mha = get_workload("level2/mha", "small").program
     with_chains = [n for n in range(len(mha.nests)) if register_tile_chains(mha, n)]
-    assert with_chains == [0, 4, 8, 12, 20]  # the projections and q.k; not the exp sum, the copies or p.v
+    assert with_chains == [0, 4, 8, 12, 17, 20]  # the projections, q.k and p.v; not the exp sum or copies
     assert register_tile_chains(mha, 0)[0][0] == "layout_transformation(nest=0, tensor=C, layout=[1,0])"
     assert register_tile_chains(get_workload("level1/matvec", "small").program, 0) == []  # one output axis
 
 
-@pytest.mark.parametrize("uri", ["level1/matmul_square", "level2/gemm_relu_divide"])
+@pytest.mark.parametrize("uri", ["level1/matmul_square", "level2/gemm_relu_divide", "level1/matmul_batched"])
 def test_chains_are_equivalent_to_the_model(uri):
     workload = get_workload(uri, "tiny")
     chains = register_tile_chains(workload.program, 0)
@@ -78,3 +78,16 @@ def test_focus_plays_tile_chains_with_only_their_ends_measured(tmp_path):
     assert all(step["verified"] for step in search.trajectory)
     assert best is start or (search.trusted(best) and best.runtime_s < start.runtime_s)
     assert search.spent == 3  # the start program and the two ends
+
+
+def test_chains_respect_the_episode_step_limit(tmp_path):
+    env = StepTPEnv("level1/matmul_square", "tiny", mode="hybrid", store=tmp_path / "s.sqlite", max_steps=4)
+    search = Search(env, 64, 0, "focus")
+    assert _register_tiles(search, search.root(), 0) is search.root() and search.trajectory == []
+
+
+def test_a_tile_spanning_the_whole_row_splits_only_the_rows():
+    mha = get_workload("level2/mha", "small").program
+    chain = register_tile_chains(mha, 17)[0]  # p.v: 16 output columns, one vector
+    assert chain[0] == "loop_split(nest=17, loop=d, factor=8)" and "loop_tiling" not in " ".join(chain)
+    assert chain[-2:] == ["loop_vectorization(nest=17, loop=f)", "loop_unrolling(nest=17, loop=d)"]
