@@ -1,13 +1,14 @@
 """The environment's programs beside PyTorch eager, torch.compile and MetaSchedule, on a fixed suite subset.
 
     PYTHONPATH=. python benchmarks/vs_pytorch.py [--threads 1 2] [--workloads URI ...] [--budget 64]
-        [--agent beam] [--mode hybrid] [--ms-trials 64] [--no-metaschedule] [--no-compile] [--redo]
-        [--report-only]
+        [--agent focus] [--max-steps 64] [--mode hybrid] [--ms-trials 64] [--no-metaschedule] [--no-compile]
+        [--redo] [--report-only]
 
 Each (workload, thread count T) is one item, run in a child process started with TVM_NUM_THREADS=T (TVM
 reads it at import) and torch at T threads:
-1. the standard agent (`--agent`, default beam; hybrid mode, a fresh store and a fresh copy of the packaged
-   cost model) searches the `small` preset with `--budget` measurements under `Protocol(threads=T)`; at a
+1. the standard agent (`--agent`, default focus; hybrid mode, a fresh store and a fresh copy of the packaged
+   cost model) searches the `small` preset with `--budget` measurements under `Protocol(threads=T)`, in
+   episodes of at most `--max-steps` steps (an attention block's chains run past the env's default 32); at a
    thread count the model was not trained for (it was at 1), in measure mode;
 2. MetaSchedule tunes the lowered start program with `--ms-trials` trials for T cores
    (`steptp_env.measure.metaschedule.tune`); its output is checked against the start program's;
@@ -39,6 +40,8 @@ from results_file import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+UNRECORDED_MAX_STEPS = 32
+"""The step limit of items recorded before `--max-steps`: the env's default then."""
 PROGRESS = RESULTS / "vs_pytorch.progress.jsonl"
 FMA_SOURCE = ROOT / "benchmarks" / "native" / "fma_peak.c"
 PRESET = "small"
@@ -88,10 +91,11 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
     model = CostModel.load(DEFAULT_MODEL_DIR)
     mode = args.mode if model.threads in (None, threads) else "measure"  # the model predicts its protocol only
     row: dict = {"uri": uri, "threads": threads, "agent": args.agent, "budget": args.budget, "mode": mode,
+                 "max_steps": args.max_steps,
                  "code": code_version(), "cpu": cpu_description(), "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "store.sqlite") as store:
         env = StepTPEnv(uri, PRESET, mode=mode, store=store, model=None if mode == "measure" else model,
-                        protocol=protocol)
+                        protocol=protocol, max_steps=args.max_steps)
         began = time.perf_counter()
         result = get_agent(args.agent)(env, args.budget, args.seed)
         row["agent_wall_s"] = time.perf_counter() - began
@@ -262,11 +266,11 @@ def _processor_section(cpu: str, items: list[dict], peak: dict | None) -> list[s
         key = f"commit {code['commit']}, lowering {code['lowering']}"
         codes[key] = codes.get(key, 0) + 1
     lines += [f"- code: {'; '.join(f'{key} ({n} items)' for key, n in codes.items()) or 'no items yet'}", ""]
-    for threads in sorted({r["threads"] for r in items}):
-        mine = [r for r in items if r["threads"] == threads]
-        agent = mine[0]["agent"]
+    for threads, agent in _runs(items):
+        mine = [r for r in items if (r["threads"], r["agent"]) == (threads, agent)]
+        depth = mine[0].get("max_steps", UNRECORDED_MAX_STEPS)
         lines += [f"### {threads} thread{'s' if threads > 1 else ''}: {agent}, {mine[0]['mode']} mode, budget "
-                  f"{mine[0]['budget']}", "",
+                  f"{mine[0]['budget']}, episodes of at most {depth} steps", "",
                   "| workload | start ms | best ms | MetaSchedule ms | eager ms | compiled ms | compile s | "
                   "best/eager | best/compiled | best/MetaSchedule | start/best | GEMM % of peak | agent s | "
                   "tuning s | load before/after |",
@@ -313,12 +317,12 @@ def plot(path: Path) -> None:
     import matplotlib.pyplot as plt
 
     items = next((found for cpu in _processors() if (found := _rows(cpu)[0])), [])
-    counts = sorted({r["threads"] for r in items})
-    if not counts:
+    runs = _runs(items)
+    if not runs:
         return
-    figure, axes = plt.subplots(len(counts), 1, figsize=(14, 5 * len(counts)), squeeze=False)
-    for axis, threads in zip(axes[:, 0], counts):
-        mine = [r for r in items if r["threads"] == threads]
+    figure, axes = plt.subplots(len(runs), 1, figsize=(14, 5 * len(runs)), squeeze=False)
+    for axis, (threads, agent) in zip(axes[:, 0], runs):
+        mine = [r for r in items if (r["threads"], r["agent"]) == (threads, agent)]
         names = [r["uri"].split("/", 1)[1] for r in mine]
         width = 0.2
         for k, (key, label) in enumerate((("start_s", "start program"), ("best_s", "best program"),
@@ -329,7 +333,7 @@ def plot(path: Path) -> None:
         axis.set_yscale("log")
         axis.set_xticks(range(len(mine)), names, rotation=60, ha="right", fontsize=8)
         axis.set_ylabel("time / PyTorch eager")
-        axis.set_title(f"{threads} thread{'s' if threads > 1 else ''} (below the line: faster than PyTorch)")
+        axis.set_title(f"{threads} thread{'s' if threads > 1 else ''}, {agent} (below the line: faster than PyTorch)")
         axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -345,8 +349,14 @@ def _write_report() -> None:
 # -- driver -------------------------------------------------------------------------------------------
 
 
-def _done() -> set[tuple[str, int]]:
-    return {(r["uri"], r["threads"]) for r in _rows(cpu_description())[0]}
+def _done() -> set[tuple[str, int, str]]:
+    return {(r["uri"], r["threads"], r["agent"]) for r in _rows(cpu_description())[0]}
+
+
+def _runs(items: list[dict]) -> list[tuple[int, str]]:
+    """(threads, agent) of a processor's items, fewest threads first, agents in the order they first ran: a
+    table and a plot each, so two standard agents never share a mean."""
+    return sorted(dict.fromkeys((r["threads"], r["agent"]) for r in items), key=lambda run: run[0])
 
 
 def _append(record: dict) -> None:
@@ -369,9 +379,11 @@ def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     parser.add_argument("--workloads", nargs="+", default=SUBSET)
-    parser.add_argument("--agent", default="beam")
+    parser.add_argument("--agent", default="focus")
     parser.add_argument("--mode", default="hybrid", choices=["hybrid", "measure"])
     parser.add_argument("--budget", type=int, default=64)
+    parser.add_argument("--max-steps", type=int, default=64,
+                        help="the episode's step limit, the depth limit of the search (the env's default is 32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ms-trials", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
@@ -394,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_report()
         return 0
     shared = [f"--agent={args.agent}", f"--mode={args.mode}", f"--budget={args.budget}", f"--seed={args.seed}",
+              f"--max-steps={args.max_steps}",
               f"--ms-trials={args.ms_trials}", f"--rounds={args.rounds}"]
     shared += [] if args.metaschedule else ["--no-metaschedule"]
     shared += [] if args.compile else ["--no-compile"]
@@ -402,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for threads in args.threads:
         for uri in args.workloads:
-            if not args.redo and (uri, threads) in _done():
+            if not args.redo and (uri, threads, args.agent) in _done():
                 continue
             row = _child(uri, threads, shared)
             if "error" in row:
