@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import MAX_STEPS
+from .cli_progress import progress
 from .errors import StepTPError
 from .ir import Program
 from .ir.analysis import carried_dependences, loop_iterations, reduction, scans
@@ -327,8 +328,6 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
     """Optimise a workload with a search agent or policy; print the best episode, time the start program,
     the best program and PyTorch eager side by side, and save the run (state.json, trajectory.jsonl,
     summary.json)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agents import AGENTS, get_agent, watch
     from agents.compare import compare, describe
 
@@ -350,13 +349,11 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
         protocol = None if threads is None else Protocol(threads=threads)
         env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps, protocol=protocol,
                         action_mode="text" if agent == "llm" else "index")
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task(f"{agent} on {workload}", total=budget)
+        with progress(console, f"{agent} on {workload}", budget) as update:
 
             def advance(entry: dict, search) -> None:
-                progress.update(task, completed=min(search.spent, budget),
-                                description=f"{agent}: {entry['step'] + 1} steps, best x{search.best_speedup:.3f}")
+                update(min(search.spent, budget),
+                       f"{agent}: {entry['step'] + 1} steps, best x{search.best_speedup:.3f}")
 
             with watch(advance):
                 result = get_agent(agent)(env, budget, seed, **options)
@@ -410,8 +407,6 @@ def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output fold
     import random
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from .data.generate import GenerateConfig, generate
     from .workloads import list_workloads
 
@@ -424,13 +419,10 @@ def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output fold
     except ValueError as exc:
         _fail(exc)
     start = time.monotonic()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("generating", total=len(uris))
+    with progress(console, "generating", len(uris)) as update:
 
         def advance(uri: str, result) -> None:
-            progress.update(task, completed=result.workloads_done,
-                            description=f"{uri}: {result.written} rows, {result.rejected} rejected")
+            update(result.workloads_done, f"{uri}: {result.written} rows, {result.rejected} rejected")
 
         try:
             result = generate(config, out, time_limit, advance)

@@ -4,6 +4,7 @@ MaskablePPO learns to beat the random policy."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
@@ -83,6 +84,7 @@ def test_cli_run_writes_state_and_trajectory(tmp_path):
     ran = runner.invoke(app, ["run", "--agent", "greedy", "--name", "greedy", *common])
     assert ran.exit_code == 0, ran.output
     assert "(start)" in ran.output and "best program" in ran.output
+    assert re.search(r"^greedy: 1 steps, best x[\d.]+: \d/8, \d+ s$", ran.output, re.M)  # not a terminal: lines
     folder = tmp_path / "runs" / "greedy"
     state = EnvState.load(folder / "state.json")
     steps = [json.loads(line) for line in (folder / "trajectory.jsonl").read_text().splitlines()]

@@ -57,3 +57,27 @@ def test_cache_commands(tmp_path):
     assert exported.exit_code == 0 and len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
     pruned = runner.invoke(app, ["cache", "prune", "--store", str(path)])
     assert pruned.exit_code == 0 and "removed 1 records" in pruned.stdout
+
+
+def test_progress_prints_lines_when_the_output_is_not_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from steptp_env.cli_progress import progress
+
+    log = io.StringIO()
+    with progress(Console(file=log, force_terminal=False, width=200), "job", 3, every_s=0) as update:
+        update(1, "first")
+        update(2)
+    assert log.getvalue().splitlines()[:2] == ["first: 1/3, 0 s", "job: 2/3, 0 s"]
+    assert log.getvalue().splitlines()[2] == "job: 2/3, 0 s"  # and one when the job ends
+    quiet = io.StringIO()
+    with progress(Console(file=quiet, force_terminal=False, width=200), "job", 3, every_s=3600) as update:
+        update(1)
+        update(2)
+    assert quiet.getvalue().splitlines() == ["job: 1/3, 0 s", "job: 2/3, 0 s"]  # the first and the last only
+    bar = io.StringIO()
+    with progress(Console(file=bar, force_terminal=True, width=200), "job", 3, every_s=0) as update:
+        update(1)
+    assert "job: 1/3" not in bar.getvalue()  # a terminal gets the bar
