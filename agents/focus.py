@@ -28,10 +28,9 @@ from steptp_env.strategies.base import Action
 
 from .common import AgentResult, Move, Node, Search
 from .tiles import register_tile_chains
-from .transfer import transfer, twins
+from .transfer import named_nests, transfer, twins
 
 TRANSCENDENTAL_WEIGHT = 8
-NEST_PARAMS = ("nest", "other", "consumer", "nests")
 MIN_SHARE = 0.02
 """Nests with less than this share of the start program's work get no phase of their own."""
 
@@ -48,12 +47,7 @@ def nest_work(nest) -> float:
 
 def _nests_of(move: Move) -> set[int] | None:
     """The nest indices a move names; None when it names none (a program-wide move)."""
-    action = Action.parse(move.text)
-    named: set[int] = set()
-    for key, value in action.params:
-        if key in NEST_PARAMS:
-            named.update(value if isinstance(value, tuple) else (value,))
-    return named or None
+    return set(named_nests(Action.parse(move.text))) or None
 
 
 def _texts(node: Node) -> list[str]:

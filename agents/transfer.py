@@ -29,6 +29,12 @@ NAME_KEYS = ("loop", "loops", "order", "tensor", "tensors", "at", "of", "by", "d
 `at`, is not a name and stays)."""
 
 
+def named_nests(action: Action) -> list[int]:
+    """The nest indices an action names, in parameter order (none for a program-wide action)."""
+    return [v for key, value in action.params if key in NEST_KEYS
+            for v in (value if isinstance(value, tuple) else (value,))]
+
+
 def _region(program: Program, frozen: set[str]) -> list[int]:
     """Indices of the nests whose text is not one of the `frozen` texts (the nests a chain left alone)."""
     return [i for i, nest in enumerate(program.nests) if print_nest(nest) not in frozen]
@@ -60,8 +66,7 @@ def _rewrite(action: Action, source: Program, source_region: list[int], target: 
             if tensors.setdefault(old, new) != new:
                 return None
     index = dict(zip(source_region, target_region))
-    named = [v for k, value in action.params if k in NEST_KEYS
-             for v in (value if isinstance(value, tuple) else (value,))]
+    named = named_nests(action)
     if not named or any(n not in index for n in named):
         return None
     loops = renamings[source_region.index(named[0])].loops  # loop names are those of the action's first nest
