@@ -134,3 +134,21 @@ def test_scalar_reductions_keep_libm():
         else:
             np.testing.assert_allclose(out["D"], np.exp(xs.astype(np.float64)), rtol=1e-6)
         assert ("expf" in kernel.executable.mod.inspect_source("asm")) is libm
+
+
+@pytest.mark.parametrize("func", ["exp", "log", "erf"])
+def test_tvm_vectorises_the_loop_itself(func):
+    """TVM, not LLVM's loop vectoriser, makes the `V^{16}` loop vector code: at LLVM opt level 0 (no
+    vectoriser) the module already holds 16-lane operations of the form (TVM 0.27 turned the loop serial
+    while `reinterpret` and `isnan` lacked the vectorisable mark, and LLVM took it at 8 lanes)."""
+    signature = [{"name": "A", "shape": [64], "dtype": "float32"},
+                 {"name": "C", "shape": [64], "dtype": "float32", "role": "output"}]
+    program = Program.parse(f"L^{{4}}_{{a=0}}V^{{16}}_{{b=0}}[C^{{f32,g}}_{{a*16+b}}={func}(A^{{f32,g}}_{{a*16+b}});];",
+                            signature)
+    kernel = build(program, opt_level=0)
+    llvm_ir = kernel.source
+    assert "<16 x float>" in llvm_ir and "<16 x i32>" in llvm_ir  # the arithmetic and the exponent bits
+    assert "fmuladd.f32" not in llvm_ir  # no scalar polynomial left
+    xs = _inputs(func)[:64]
+    got = kernel({"A": xs})["C"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(_apply(func, xs)[0]))

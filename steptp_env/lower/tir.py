@@ -36,13 +36,15 @@ GPU_AXES = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
             "bx": "blockIdx.x", "by": "blockIdx.y", "bz": "blockIdx.z"}
 """Prefix of a `B` loop's variable name -> the CUDA axis it binds (`tx`, `bxc`, `tya`, ...)."""
 
-LOWERING_VERSION = "4"
+LOWERING_VERSION = "5"
 """Changes whenever the code a program lowers to changes, and is stored with every measurement (1: `T.init()`
 reductions and libm math; 2: reductions initialised before their loops, float32 exp/log/erf from
 `vector_math`; 3: a local intermediate whose accesses all lie under one loop is allocated inside that loop,
 one iteration's tile, see `placement`; 4: `vector_math` only in statements that vectorise, libm in scalar
-reductions, see `_vectorises`). Store keys hash the lowered module itself, so no runtime is ever
-reused across versions."""
+reductions, see `_vectorises`; 5: the same TIR, but TVM compiles a `V` loop over `vector_math`'s forms to
+vector code instead of leaving the loop to LLVM, see `vector_math.ELEMENTWISE_BUILTINS`). Store keys hash
+the lowered module and the measurement context, which holds this version (`measure.context`), so no runtime
+is ever reused across versions."""
 
 LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
 """On CPU a `local` intermediate lives on the stack when it is at most this large (for one allocated inside

@@ -23,10 +23,18 @@ from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import tirx
 from tvm.ir.expr import Expr as PrimExpr
 
 FUNCTIONS = ("exp", "log", "erf")
+ELEMENTWISE_BUILTINS = ("tirx.reinterpret", "tirx.isnan")
+"""Builtins the forms below use that TVM 0.27 does not mark `TVectorizable`. Its VectorizeLoop pass turns a
+`T.vectorized` loop holding any call without that mark into a serial loop, which LLVM's loop vectoriser then
+takes at its preferred width for the target (8 float lanes, 256-bit registers, on Intel cores tuned
+`prefer-256-bit`), so a `V^{16}` loop over exp ran as two 8-lane halves with scalar `floor`. Both are pure and
+elementwise, and TVM's LLVM code generator emits them for vectors (a bitcast, an unordered compare), so they
+are marked here, once per process, unless TVM marks them itself."""
 MAX_NESTED = 3
 """A call is expanded only when fewer than this many expanded calls are nested in its argument; deeper ones
 keep libm. TVM's code generator substitutes every `Let` value into the expressions that use it while it
@@ -45,6 +53,15 @@ _ERFC_POLY = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.1
               0.37409196, 1.00002368, -1.26551223)
 _ERF_SMALL = 0.5  # below it erf's series, above it 1 - erfc
 _ERF_SERIES = tuple(2 / math.sqrt(math.pi) * (-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in range(7))
+
+
+def _mark_vectorizable() -> None:
+    for name in ELEMENTWISE_BUILTINS:
+        if tvm.ir.Op.get(name).get_attr("TVectorizable") is None:
+            tvm.ir.register_op_attr(name, "TVectorizable", True)
+
+
+_mark_vectorizable()
 
 
 def _f(value: float) -> PrimExpr:
@@ -111,13 +128,13 @@ def log_f32(x: PrimExpr) -> PrimExpr:
     plus e ln2. Subnormal x are scaled by 2**23 first."""
     lets = _Lets()
     x = lets("x", x)
-    subnormal = lets("subnormal", x < _f(1.1754943508222875e-38))
+    subnormal = x < _f(1.1754943508222875e-38)  # conditions stay inline: a Let of a boolean vector fails to build
     bits = lets("bits", tirx.reinterpret("int32", tirx.Select(subnormal, x * _f(8388608.0), x)))
     exponent = tirx.bitwise_and(tirx.shift_right(bits, _i(23)), _i(0xFF)) - _i(126)
     exponent = exponent - tirx.Select(subnormal, _i(23), _i(0))
     mantissa = lets("m", tirx.reinterpret("float32", tirx.bitwise_or(tirx.bitwise_and(bits, _i(0x007FFFFF)),
                                                                       _i(0x3F000000))))
-    below = lets("below", mantissa < _f(math.sqrt(0.5)))
+    below = mantissa < _f(math.sqrt(0.5))
     e = lets("e", tirx.Cast("float32", exponent - tirx.Select(below, _i(1), _i(0))))
     f = lets("f", tirx.Select(below, mantissa + mantissa - _f(1.0), mantissa - _f(1.0)))
     z = lets("z", f * f)
