@@ -12,8 +12,12 @@ its beam starts from the fastest. A phase keeps its best trusted program (measur
 model mode); the next phase starts from it. When a phase found a faster program, its chain is first
 replayed on the focus nest's twins (nests equal to it up to names: an attention block's projections, see
 `transfer`), each replay kept when it ends faster, so a twin costs a replay, not a phase.
-Budget a phase leaves unspent passes on, and what all phases leave goes to a last beam over the whole
-program (moves that touch several nests or no nest, such as storage scopes). While a pass improved the
+A pass also plays the row-pass chain of `row_passes` whole (shared transcendentals, lane-wise reductions,
+vector passes, fusion under the row loops, on every nest but contractions), middle steps predicted and the
+end measured, and goes on from its end when that is faster: before the phases, or after them when the
+program has contractions (the register tiles come first and need the episode's steps). Budget a phase leaves unspent
+passes on, and what all phases leave goes to a last beam over the whole program (moves that touch several
+nests or no nest, such as storage scopes). While a pass improved the
 program and budget is left, another pass starts from it.
 """
 from __future__ import annotations
@@ -27,7 +31,8 @@ from steptp_env.ir.printer import print_nest
 from steptp_env.strategies.base import Action
 
 from .common import AgentResult, Move, Node, Search
-from .tiles import register_tile_chains
+from .row_passes import row_pass_chain
+from .tiles import is_contraction, register_tile_chains
 from .transfer import named_nests, transfer, twins
 
 TRANSCENDENTAL_WEIGHT = 8
@@ -129,6 +134,12 @@ def _register_tiles(search: Search, node: Node, focus: int) -> Node:
     return best
 
 
+def _row_passes(search: Search, node: Node) -> Node:
+    """Play the row-pass chain of the program (`row_passes`); its end when trusted and faster, else `node`."""
+    end = _play(search, node, row_pass_chain(node.env.program)) if not search.exhausted else None
+    return end if _faster(search, end, node) else node
+
+
 def _carry_over(search: Search, start: Node, focus: int, reached: Node, done: set[str]) -> Node:
     """Replay the chain that took `start` to `reached` (a phase on nest `focus`) on each twin of that nest
     (same nest up to names, untouched so far); keep a replay when its end is a trusted, faster program, and
@@ -150,6 +161,10 @@ def _carry_over(search: Search, start: Node, focus: int, reached: Node, done: se
 def _round(search: Search, node: Node, width: int, expand: int) -> Node:
     """One pass: a phase per nest, heaviest first, then a beam over the whole program."""
     done: set[str] = set()
+    program = node.env.program
+    contractions = any(is_contraction(program, n) for n in range(len(program.nests)))
+    if not contractions:
+        node = _row_passes(search, node)
     total = sum(nest_work(nest) for nest in node.env.program.nests)
     while not search.exhausted:
         pending = list(_order(node, done))
@@ -166,6 +181,8 @@ def _round(search: Search, node: Node, width: int, expand: int) -> Node:
         if reached is not node:
             reached = _carry_over(search, node, focus, reached, done)
         node = reached
+    if contractions:
+        node = _row_passes(search, node)
     return _beam(search, node, search.moves, search.budget, width, expand)
 
 

@@ -122,6 +122,11 @@ def _chain(program: Program, n: int, rows: int, cols: int) -> list[str]:
     return texts
 
 
+def is_contraction(program: Program, n: int) -> bool:
+    """Nest n is one `+=` reduction of a product with two plain output subscripts (a GEMM-like nest)."""
+    return _contraction(program, n) is not None
+
+
 def register_tile_chains(program: Program, n: int) -> list[list[str]]:
     """Up to `CHAINS` register-tile chains for nest n (see the module docstring), each a list of action
     texts that applies to `program` in order; none when nest n is not a contraction with a vector axis."""

@@ -27,6 +27,7 @@ from .graph_util import (MAX_THREADS, Path, affine_in, bounds_of, compute_nest, 
                          loops_with_extent, map_equation, map_nest_with_loops, mentions, nest_accesses, node_at,
                          ranges_apart, replace_at, safe_everywhere, same_iteration_conflict, shift_var, substitute,
                          trip_count, under_branch, unique_value_subscripts, value_accesses, value_paths, with_scope)
+from .outer_fusion import fuse_under, shared_depth
 from .util import fresh_tensor, nest_at
 
 SCOPE_NAMES = {"g": "global memory", "s": "shared memory", "l": "local memory (registers)"}
@@ -116,15 +117,26 @@ class OperatorFusion(Strategy):
     share with a write on either side is accessed at one subscript giving each iteration its own element, so
     no iteration needs a value computed by another iteration and no reduction is read before it is complete.
     `scope` is the storage of the intermediates that afterwards live only inside the fused nest: `g` global,
-    `s` shared or `l` local (s and l are offered for CUDA only)."""
+    `s` shared or `l` local (s and l are offered for CUDA only).
+
+    With `depth`, the two nests are merged under their first `depth` loops only, each keeping its other
+    loops as an inner nest (`outer_fusion.fuse_under`): the nests may differ below those loops and hold inner
+    nests, and every tensor they share with a write is touched by each iteration of the shared loops at its
+    own slice. The menu offers, for each pair the classic form cannot fuse, the deepest such depth."""
 
     name = "operator_fusion"
     params = ("nest", "scope")
+    alternative_params = ("nest", "scope", "depth")
 
-    def site(self, program: Program, index) -> tuple[Nest, list[str]]:
-        first, eqs1 = _flat(program, index)
-        if index + 1 >= len(program.nests):
+    def site(self, program: Program, index, depth=None) -> tuple[Nest, list[str]]:
+        if index + 1 >= len(program.nests) and isinstance(index, int):
+            nest_at(program, index)
             raise IllegalActionError(f"nest {index} is the last nest: there is nothing to fuse it with")
+        if depth is not None:
+            fused = fuse_under(nest_at(program, index), nest_at(program, index + 1), depth)
+            nests = program.nests[:index] + (fused,) + program.nests[index + 2:]
+            return fused, _private_tensors(program, nests, index)
+        first, eqs1 = _flat(program, index)
         second, eqs2 = _flat(program, index + 1)
         if [(l.kind, l.extent, l.var if l.kind == "B" else "") for l in first.loops] != \
                 [(l.kind, l.extent, l.var if l.kind == "B" else "") for l in second.loops]:
@@ -144,24 +156,37 @@ class OperatorFusion(Strategy):
         for i in range(len(program.nests) - 1):
             site = _legal(self.site)(program, i)
             if site is None:
+                depth = self._deepest(program, i)
+                if depth:
+                    found.append(self.action(nest=i, scope="g", depth=depth))
                 continue
             found.append(self.action(nest=i, scope="g"))
             if target == "cuda" and site[1]:
                 found += [self.action(nest=i, scope="s"), self.action(nest=i, scope="l")]
         return found
 
+    def _deepest(self, program: Program, index: int) -> int | None:
+        """The deepest depth the pair can be fused at (legality only shrinks with depth), or None."""
+        first, second = program.nests[index], program.nests[index + 1]
+        for depth in range(shared_depth(first, second), 0, -1):
+            if _legal(self.site)(program, index, depth) is not None:
+                return depth
+        return None
+
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
         index, scope = _int_param(action, "nest"), action["scope"]
         if scope not in SCOPE_NAMES:
             raise IllegalActionError(f"scope must be one of g, s, l; got {scope!r}")
-        fused, private = self.site(program, index)
+        fused, private = self.site(program, index, action.get("depth"))
         if private:
             fused = with_scope(fused, {name: program.tensors[name].dtype for name in private}, scope)
         return program.replace_nests(program.nests[:index] + (fused,) + program.nests[index + 2:])
 
     def explain(self, before: Program, action: Action, after: Program) -> str:
         i = action["nest"]
+        if action.get("depth") is not None:
+            return self._explain_under(before, i, after.nests[i].loops)
         loops = before.nests[i].loops
         shared = sorted(set(writes(before.nests[i])) & set(reads(before.nests[i + 1])))
         flow = (f"{', '.join(shared)} is written and read at the same element in the same iteration, so no "
@@ -174,6 +199,18 @@ class OperatorFusion(Strategy):
                 f"({describe_loops(loops)}), into one nest whose body computes both equations. It is legal "
                 f"because {flow}.{where} One pass of {trip_count(loops)} iterations replaces two, and each value "
                 "passes to its consumer while it is still in a register or cache instead of through memory.")
+
+    @staticmethod
+    def _explain_under(before: Program, i: int, shared: tuple[Loop, ...]) -> str:
+        flowing = sorted(set(writes(before.nests[i])) & set(reads(before.nests[i + 1])))
+        flow = (f"{', '.join(flowing)} {'passes' if len(flowing) == 1 else 'pass'} from the first to the second" if flowing else
+                "the two share no written tensor")
+        return (f"operator_fusion merged nest {i} and nest {i + 1} under their common outer loops "
+                f"({describe_loops(shared)}): each iteration now runs the first nest's inner loops, then the "
+                f"second's. It is legal because {flow}, and every tensor the two share with a write is accessed "
+                "at a subscript holding each shared loop variable alone, so an iteration touches only its own "
+                "slice and finishing one slice before the next changes no value. Each slice is produced and "
+                "consumed while it is still in cache instead of streaming the whole tensor through memory twice.")
 
 
 @register
