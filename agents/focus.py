@@ -15,10 +15,10 @@ replayed on the focus nest's twins (nests equal to it up to names: an attention 
 A pass also plays the row-pass chain of `row_passes` whole (shared transcendentals, lane-wise reductions,
 vector passes, fusion under the row loops, on every nest but contractions), middle steps predicted and the
 end measured, and goes on from its end when that is faster: before the phases, or after them when the
-program has contractions (the register tiles come first and need the episode's steps). Budget a phase leaves unspent
-passes on, and what all phases leave goes to a last beam over the whole program (moves that touch several
-nests or no nest, such as storage scopes). While a pass improved the
-program and budget is left, another pass starts from it.
+program has contractions (the register tiles come first and need the episode's steps). Budget a phase
+leaves unspent passes on, and what all phases leave goes to a last beam over the whole program (moves that
+touch several nests or no nest, such as storage scopes). While a pass improved the program and budget is
+left, another pass starts from it.
 """
 from __future__ import annotations
 

@@ -159,8 +159,9 @@ def test_fusion_under_the_row_loop(programs):
     Fused again, the third nest reads D at the mirrored row 3-a, which another iteration writes: refused."""
     rows = programs["rows"]
     fused = apply_action(rows, "operator_fusion(nest=0, scope=g, depth=1)")
-    assert fused.leir.startswith("L^{4}_{a=0}[L^{8}_{c=0}[D^{f32,g}_{a}=max(D^{f32,g}_{a},A^{f32,g}_{a,c});];"
-                                 "L^{2}_{f=0}L^{4}_{d=0}[E^{f32,g}_{a,f*4+d}=exp(A^{f32,g}_{a,f*4+d}-D^{f32,g}_{a});];];")
+    assert fused.leir.startswith(
+        "L^{4}_{a=0}[L^{8}_{c=0}[D^{f32,g}_{a}=max(D^{f32,g}_{a},A^{f32,g}_{a,c});];"
+        "L^{2}_{f=0}L^{4}_{d=0}[E^{f32,g}_{a,f*4+d}=exp(A^{f32,g}_{a,f*4+d}-D^{f32,g}_{a});];];")
     assert verify(fused, rows, trials=2).equivalent
     assert [a.text for a in REGISTRY["operator_fusion"].candidates(fused, "llvm")] == []
     with pytest.raises(IllegalActionError, match="D is not accessed at one subscript position holding a alone"):

@@ -129,8 +129,8 @@ class OperatorFusion(Strategy):
     alternative_params = ("nest", "scope", "depth")
 
     def site(self, program: Program, index, depth=None) -> tuple[Nest, list[str]]:
-        if index + 1 >= len(program.nests) and isinstance(index, int):
-            nest_at(program, index)
+        nest_at(program, index)
+        if index + 1 >= len(program.nests):
             raise IllegalActionError(f"nest {index} is the last nest: there is nothing to fuse it with")
         if depth is not None:
             fused = fuse_under(nest_at(program, index), nest_at(program, index + 1), depth)
@@ -203,8 +203,9 @@ class OperatorFusion(Strategy):
     @staticmethod
     def _explain_under(before: Program, i: int, shared: tuple[Loop, ...]) -> str:
         flowing = sorted(set(writes(before.nests[i])) & set(reads(before.nests[i + 1])))
-        flow = (f"{', '.join(flowing)} {'passes' if len(flowing) == 1 else 'pass'} from the first to the second" if flowing else
-                "the two share no written tensor")
+        verb = "passes" if len(flowing) == 1 else "pass"
+        flow = (f"{', '.join(flowing)} {verb} from the first to the second" if flowing
+                else "the two share no written tensor")
         return (f"operator_fusion merged nest {i} and nest {i + 1} under their common outer loops "
                 f"({describe_loops(shared)}): each iteration now runs the first nest's inner loops, then the "
                 f"second's. It is legal because {flow}, and every tensor the two share with a write is accessed "
