@@ -222,12 +222,12 @@ class Search:
         return [Move(int(i), env.catalog.decode(int(i), env.groups).text) for i in legal if i != STOP]
 
     def predict(self, node: Node, move: Move) -> float:
-        """The cost model's runtime for a move (no step, no budget); inf when it does not apply."""
+        """The cost model's runtime for a move (no step, no budget); inf when it does not apply or its
+        program cannot be lowered for the model's features (the step itself would report why)."""
         try:
-            after = apply_action(node.env.program, move.text)
+            return node.env.oracle.predict(apply_action(node.env.program, move.text)).runtime_s
         except StepTPError:
             return math.inf
-        return node.env.oracle.predict(after).runtime_s
 
     def trusted(self, node: Node) -> bool:
         """Whether a state's runtime may count as a result: any in model mode, a measured (or stored) one

@@ -53,6 +53,31 @@ def test_search_agent_keeps_its_best_and_is_deterministic(tmp_path, name):
     assert first.state.workload == "level1/matmul_square" and first.counts["measured"] == 0
 
 
+def test_a_move_the_model_cannot_rate_ranks_last(tmp_path, monkeypatch):
+    """A program whose model features cannot be computed (its lowering fails) must not stop the search: the
+    ranking puts it last and its step reports why (a LoweringError from `rank_moves` ended whole benchmark
+    items)."""
+    from agents.common import Search
+    from steptp_env.errors import LoweringError
+    from steptp_env.strategies import apply_action
+
+    env = make_env(tmp_path)
+    search = Search(env, 4, 0, "beam")
+    root = search.root()
+    moves = search.moves(root)[:3]
+    unrated = apply_action(root.env.program, moves[0].text).leir
+    rate = root.env.oracle.predict
+
+    def predict(program):
+        if program.leir == unrated:
+            raise LoweringError("TVM rejected the lowered program")
+        return rate(program)
+
+    monkeypatch.setattr(root.env.oracle, "predict", predict)
+    ranked = search.rank_moves(root, moves)
+    assert ranked[-1] == moves[0] and len(ranked) == 3
+
+
 @pytest.mark.parametrize("name", ["greedy", "beam", "focus", "mcts"])
 def test_guided_agents_find_a_faster_matmul(tmp_path, name):
     assert get_agent(name)(make_env(tmp_path), 12, seed=0).speedup > 1.0

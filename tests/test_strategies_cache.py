@@ -42,6 +42,20 @@ def test_the_tile_form():
     assert verify(after, ROWMAX, trials=2).equivalent
 
 
+def test_a_tile_at_the_only_loop_of_a_fused_nest_round_trips():
+    """At the innermost loop of a nest whose body holds inner nests (a row fusion's), the tile's body is the
+    nest's own statements, not a group without loops, which LEIR cannot write and the lowering could not
+    place (the printed text failed to parse; its placement compared loop keys of different depths)."""
+    rows = _program("L^{3}_{a=0}L^{8}_{c=0}[M^{f32,g}_{a}=max(M^{f32,g}_{a},A^{f32,g}_{a,c});];"
+                    "L^{3}_{a=0}L^{8}_{c=0}[E^{f32,g}_{a,c}=A^{f32,g}_{a,c}-M^{f32,g}_{a};];",
+                    ("A", (3, 8), "input"), ("E", (3, 8), "output"), dtype="float32")
+    fused = apply_action(rows, "operator_fusion(nest=0, scope=g, depth=1)")
+    after = apply_action(fused, "cache_read_write(nest=0, tensor=M, mode=write, scope=l, at=a)")
+    assert "[[" not in after.leir and Program.parse(after.leir, after.signature).leir == after.leir
+    lower(after, "llvm", tvm_form=True)
+    assert verify(after, rows, trials=2).equivalent
+
+
 def test_the_tile_is_what_tvm_allocates():
     """The LEIR cache keeps the tensor's shape; TVM allocates it inside the loop, only the elements one
     iteration writes (16 floats here, one AVX-512 register), and the lowering keeps it local because that

@@ -262,7 +262,8 @@ class CacheReadWrite(Strategy):
         out = _substitute(target, rename)
         store = Equation(out, replace(out, name=cache, scope=scope))
         copy = Nest(tuple(copy_loops), (store,)) if copy_loops else store
-        tiled = Nest(nest.loops[:pos + 1], (inner, copy))
+        body = (inner,) if inner.loops else inner.body  # at the innermost loop: no loopless group (LEIR has none)
+        tiled = Nest(nest.loops[:pos + 1], (*body, copy))
         return _rebuild(program, list(program.nests[:n]) + [tiled] + list(program.nests[n + 1:]))
 
     def infer(self, before: Program, after: Program) -> list[Action]:
