@@ -27,7 +27,7 @@ from .graph_util import (MAX_THREADS, Path, affine_in, bounds_of, compute_nest, 
                          loops_with_extent, map_equation, map_nest_with_loops, mentions, nest_accesses, node_at,
                          ranges_apart, replace_at, safe_everywhere, same_iteration_conflict, shift_var, substitute,
                          trip_count, under_branch, unique_value_subscripts, value_accesses, value_paths, with_scope)
-from .outer_fusion import fuse_under, shared_depth
+from .outer_fusion import fuse_under, loop_key, shared_depth
 from .util import fresh_tensor, nest_at
 
 SCOPE_NAMES = {"g": "global memory", "s": "shared memory", "l": "local memory (registers)"}
@@ -138,8 +138,7 @@ class OperatorFusion(Strategy):
             return fused, _private_tensors(program, nests, index)
         first, eqs1 = _flat(program, index)
         second, eqs2 = _flat(program, index + 1)
-        if [(l.kind, l.extent, l.var if l.kind == "B" else "") for l in first.loops] != \
-                [(l.kind, l.extent, l.var if l.kind == "B" else "") for l in second.loops]:
+        if [loop_key(l) for l in first.loops] != [loop_key(l) for l in second.loops]:
             raise IllegalActionError(f"nests {index} and {index + 1} have different loops "
                                      f"({describe_loops(first.loops)} vs {describe_loops(second.loops)})")
         rename = {b.var: Var(a.var) for a, b in zip(first.loops, second.loops) if a.var != b.var}

@@ -19,13 +19,17 @@ from .graph_util import describe_loops, map_equation, nest_accesses, substitute
 from .util import fresh_loop_var
 
 
+def loop_key(loop: Loop) -> tuple:
+    """What two loops must share to run as one: kind, extent and, for a bound GPU loop, its axis."""
+    return loop.kind, loop.extent, loop.var if loop.kind == "B" else ""
+
+
 def shared_depth(first: Nest, second: Nest) -> int:
     """How many outer loops the two nests have alike (kind, extent and, for bound GPU loops, the axis), up to
     the first vector loop (a vector loop cannot hold other loops)."""
     depth = 0
     for a, b in zip(first.loops, second.loops):
-        if a.kind == "V" or (a.kind, a.extent, a.var if a.kind == "B" else "") != \
-                (b.kind, b.extent, b.var if b.kind == "B" else ""):
+        if a.kind == "V" or loop_key(a) != loop_key(b):
             break
         depth += 1
     return depth
