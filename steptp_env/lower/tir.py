@@ -36,13 +36,14 @@ GPU_AXES = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
             "bx": "blockIdx.x", "by": "blockIdx.y", "bz": "blockIdx.z"}
 """Prefix of a `B` loop's variable name -> the CUDA axis it binds (`tx`, `bxc`, `tya`, ...)."""
 
-LOWERING_VERSION = "5"
+LOWERING_VERSION = "6"
 """Changes whenever the code a program lowers to changes, and is stored with every measurement (1: `T.init()`
 reductions and libm math; 2: reductions initialised before their loops, float32 exp/log/erf from
 `vector_math`; 3: a local intermediate whose accesses all lie under one loop is allocated inside that loop,
 one iteration's tile, see `placement`; 4: `vector_math` only in statements that vectorise, libm in scalar
 reductions, see `_vectorises`; 5: the same TIR, but TVM compiles a `V` loop over `vector_math`'s forms to
-vector code instead of leaving the loop to LLVM, see `vector_math.ELEMENTWISE_BUILTINS`). Store keys hash
+vector code instead of leaving the loop to LLVM, see `vector_math.ELEMENTWISE_BUILTINS`; 6: shorter dependency chains in those forms, Estrin's scheme and
+erf's saturation, see `vector_math._estrin`). Store keys hash
 the lowered module and the measurement context, which holds this version (`measure.context`), so no runtime
 is ever reused across versions."""
 
@@ -416,6 +417,7 @@ class _ExprLowering:
         self.self_identity = self_identity
         self.fresh = fresh
         self.vector_math = _vectorises(loops, eq) and not fb.tvm_form
+        self.enclosing_math = 0  # calls of vector_math.FUNCTIONS whose argument is being lowered
         target = fb.buffers[eq.lhs.name].dtype
         self.float_default = target if is_float(target) else "float64"
 
@@ -564,8 +566,13 @@ class _ExprLowering:
         return result
 
     def call(self, expr: Call) -> _Value:
-        args = [self.value(a) for a in expr.args]
         f = expr.func
+        math = f in vector_math.FUNCTIONS
+        self.enclosing_math += math
+        try:
+            args = [self.value(a) for a in expr.args]
+        finally:
+            self.enclosing_math -= math
         if f == "if_then_else":
             cond = self.as_bool(args[0])
             then, other = self.unify(args[1], args[2])
@@ -578,9 +585,9 @@ class _ExprLowering:
         if f == "abs":
             return tirx.abs(self.materialize(args[0]))
         x = self.as_float(args[0])
-        if f in vector_math.FUNCTIONS and _dt(x) == "float32" and self.vector_math and \
-                _expanded_depth(expr.args[0]) < vector_math.MAX_NESTED:
-            return vector_math.vector_call(f, x)
+        depth = _expanded_depth(expr.args[0])
+        if math and _dt(x) == "float32" and self.vector_math and depth < vector_math.MAX_NESTED:
+            return vector_math.vector_call(f, x, short_chains=depth == 0 and not self.enclosing_math)
         return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](x)
 
 
