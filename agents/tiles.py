@@ -8,17 +8,25 @@ step by step walks away from it: the chain's middle steps (a tiling, a reorder t
 outside the tile) are slower than the start. So the focus agent tries these chains whole, as a human
 expert or MetaSchedule's multi-level tiling sketch would, before its own search of the nest.
 
+A convolution has no such columns: its input is read at `f + i` along the contiguous axis. Its tile takes
+the output channels as the vector lanes instead (the weights packed with the channels last, each input
+element broadcast), and rows from the output pixels: the direct-convolution kernel of oneDNN-like
+libraries, in the layouts the menu can make.
+
 `register_tile_chains` builds them by applying each action and reading the loop names the strategies
 invented (a split keeps the inner loop's name), so every chain it returns applies to the program as given;
 it builds nothing for a nest that is not a single contraction with a vector axis.
 """
 from __future__ import annotations
 
+from itertools import product
+from math import prod
+
 from steptp_env.errors import StepTPError
 from steptp_env.ir.analysis import reduction
 from steptp_env.ir.ast import BinOp, Var, accesses, all_loops, equations, free_vars
 from steptp_env.ir.program import Program
-from steptp_env.strategies import apply_action
+from steptp_env.strategies import apply_action, get_strategy
 
 TILES = ((4, 64), (8, 32), (4, 32), (2, 64), (8, 16), (4, 16))
 """(rows, cols) of the output tile, in order of preference; the first `CHAINS` that fit are tried. Rows x
@@ -26,6 +34,10 @@ cols / lanes accumulator vectors must fit the register file with room for the op
 registers at 4 x 64 with 16 lanes."""
 CHAINS = 2
 """How many tile shapes a nest gets: the best tile depends on the extents and the cache, so two, not one."""
+COLUMNS = 64
+"""The widest tile of a channel tile's columns (4 vectors of 16)."""
+ACCUMULATORS = 16
+"""Accumulator vectors a tile may keep in registers: half of AVX-512's 32, the rest for the operands."""
 LANES = (16, 8)
 """Vector lanes of float32: an AVX-512 register, then an AVX2 one (the first that divides the columns)."""
 
@@ -82,9 +94,11 @@ def _outer_of(program: Program, n: int, inner: str, new: list[str]) -> str:
     raise StepTPError(f"no split of {inner}")
 
 
-def _chain(program: Program, n: int, rows: int, cols: int) -> list[str]:
-    """The actions of one register tile on nest n (raises StepTPError where an action does not apply)."""
-    loops, eq, i, j = _contraction(program, n)
+def _chain(program: Program, n: int, rows: tuple[tuple[str, int], ...], j: str, cols: int) -> list[str]:
+    """The actions of one register tile on nest n (raises StepTPError where an action does not apply): the
+    output variables of `rows` split by their factors into the tile's rows, `cols` elements of output
+    variable j as its vector columns."""
+    loops, eq, _, _ = _contraction(program, n)
     texts: list[str] = []
 
     def play(text: str) -> Program:
@@ -93,23 +107,34 @@ def _chain(program: Program, n: int, rows: int, cols: int) -> list[str]:
         texts.append(text)
         return before
 
-    for tensor, layout in _needs_transpose(eq, j):
+    reduced = set(reduction(loops, eq).reduced_vars)
+    splits = [(v, f) for v, f in rows + ((j, cols),) if f < program.nests[n].loop(v).extent]
+    names = program.nests[n].loop_vars
+    if len(splits) == 2 and abs(names.index(splits[0][0]) - names.index(splits[1][0])) == 1:
+        (first, f1), (second, f2) = splits
+        before = play(f"loop_tiling(nest={n}, loops=[{first},{second}], factors=[{f1},{f2}])")
+        new = _new_loops(before, program, n)
+        tiles = [_outer_of(program, n, first, new), _outer_of(program, n, second, new)]
+    else:  # one variable split (the tile spans the other's whole extent), or two that are not adjacent
+        tiles = []
+        for var, factor in splits:
+            before = play(f"loop_split(nest={n}, loop={var}, factor={factor})")
+            tiles += _new_loops(before, program, n)
+    inner = [v for v, _ in rows] + [j]
+    names = program.nests[n].loop_vars
+    outer = [v for v in names if v not in reduced and v not in (*inner, *tiles)]
+    order = outer + tiles + [v for v in names if v in reduced] + inner
+    for step in _reorders(program, n, order):
+        play(f"loop_reorder(nest={n}, order=[{','.join(step)}])")
+    for tensor, layout in _needs_transpose(eq, j):  # on the menu once j is the innermost loop (loop order)
         play(f"layout_transformation(nest={n}, tensor={tensor}, layout=[{','.join(map(str, layout))}])")
         n += 1
-    reduced = set(reduction(loops, eq).reduced_vars)
-    if cols < program.nests[n].loop(j).extent:
-        before = play(f"loop_tiling(nest={n}, loops=[{i},{j}], factors=[{rows},{cols}])")
-        new = _new_loops(before, program, n)
-        tiles = [_outer_of(program, n, i, new), _outer_of(program, n, j, new)]
-    else:  # the tile spans the whole row: only the rows are split
-        before = play(f"loop_split(nest={n}, loop={i}, factor={rows})")
-        tiles = _new_loops(before, program, n)
-    names = program.nests[n].loop_vars
-    outer = [v for v in names if v not in reduced and v not in (i, j, *tiles)]
-    order = outer + tiles + [v for v in names if v in reduced] + [i, j]
-    if list(names) != order:
-        play(f"loop_reorder(nest={n}, order=[{','.join(order)}])")
-    play(f"cache_read_write(nest={n}, tensor={eq.lhs.name}, mode=write, scope=l, at={tiles[-1]})")
+    before = play(f"cache_read_write(nest={n}, tensor={eq.lhs.name}, mode=write, scope=l, at={tiles[-1]})")
+    columns = [index.name for index in eq.lhs.indices].index(j)
+    if columns != len(eq.lhs.indices) - 1:  # the accumulator's lanes must be its last dimension
+        local, = (name for name in program.tensors if name not in before.tensors)
+        layout = [d for d in range(len(eq.lhs.indices)) if d != columns] + [columns]
+        play(f"set_storage_layout(tensor={local}, layout=[{','.join(map(str, layout))}])")
     lanes = next(l for l in LANES if cols % l == 0)
     vectors = None
     if cols > lanes:
@@ -118,8 +143,33 @@ def _chain(program: Program, n: int, rows: int, cols: int) -> list[str]:
     play(f"loop_vectorization(nest={n}, loop={j})")
     if vectors is not None:
         play(f"loop_unrolling(nest={n}, loop={vectors})")
-    play(f"loop_unrolling(nest={n}, loop={i})")
+    for var, _ in rows:
+        play(f"loop_unrolling(nest={n}, loop={var})")
     return texts
+
+
+def _reorders(program: Program, n: int, order: list[str]) -> list[list[str]]:
+    """Menu reorders of nest n's loops that end in `order`: the order itself where the menu offers it (one
+    loop moved), else each loop after the longest prefix of `order` the nest already keeps in sequence
+    moved innermost in turn (the menu offers every such move first)."""
+    names = list(program.nests[n].loop_vars)
+    if names == order:
+        return []
+    offered = {action.text for action in get_strategy("loop_reorder").nest_candidates(program, n, "llvm")}
+    if f"loop_reorder(nest={n}, order=[{','.join(order)}])" in offered:
+        return [order]
+    kept, position = 0, 0
+    for var in order:
+        while position < len(names) and names[position] != var:
+            position += 1
+        if position == len(names):
+            break
+        kept, position = kept + 1, position + 1
+    steps = []
+    for var in order[kept:]:
+        names = [v for v in names if v != var] + [var]
+        steps.append(names)
+    return steps
 
 
 def is_contraction(program: Program, n: int) -> bool:
@@ -127,21 +177,59 @@ def is_contraction(program: Program, n: int) -> bool:
     return _contraction(program, n) is not None
 
 
+def _row_tiles(found) -> list[tuple[tuple[tuple[str, int], ...], str, int]]:
+    """GEMM tiles: rows of the second-last output variable, columns of the last (`TILES`)."""
+    loops, eq, i, j = found
+    if _needs_transpose(eq, j) is None:
+        return []
+    extent = {loop.var: loop.extent for loop in loops}
+    return [(((i, rows),), j, cols) for rows, cols in TILES
+            if not (extent[i] % rows or extent[j] % cols or rows >= extent[i] or cols > extent[j]
+                    or not any(cols % lanes == 0 for lanes in LANES))]
+
+
+def _channel_tiles(found) -> list[tuple[tuple[tuple[str, int], ...], str, int]]:
+    """Convolution tiles: the widest output variable other than the last (the output channels) as the
+    vector columns, its reads packed with it last (the weights as [in, kh, kw, out]), rows from the last two
+    other output variables (pixels): as many as `ACCUMULATORS` allows, then at most half as many. A
+    convolution's last output variable cannot be the columns: its input reads `f + i` or `2f + i`."""
+    loops, eq, _, _ = found
+    if not all(isinstance(index, Var) for index in eq.lhs.indices):
+        return []
+    outputs = [index.name for index in eq.lhs.indices]
+    extent = {loop.var: loop.extent for loop in loops}
+    for j in sorted(outputs[:-1], key=lambda v: -extent[v]):
+        lanes = next((l for l in LANES if extent[j] % l == 0), None)
+        if lanes is None or _needs_transpose(eq, j) is None:
+            continue
+        cols = max(c for c in range(lanes, min(extent[j], COLUMNS) + 1, lanes) if extent[j] % c == 0)
+        room = ACCUMULATORS // (cols // lanes)
+        pixels = [v for v in outputs if v != j][-2:]
+        choices = [factors for factors in product((1, 2, 4, 8), repeat=len(pixels))
+                   if all(f == 1 or (extent[v] % f == 0 and f < extent[v]) for v, f in zip(pixels, factors))
+                   and 1 < prod(factors)]
+        tiles = []
+        for limit in (room, room // 2):  # the most rows, then the most along the innermost pixel variable
+            fitting = [fs for fs in choices if prod(fs) <= limit]
+            rows = tuple((v, f) for v, f in zip(pixels, max(fitting, key=lambda fs: (prod(fs), fs[::-1])))
+                         if f > 1) if fitting else None
+            if rows is not None and (rows, j, cols) not in tiles:
+                tiles.append((rows, j, cols))
+        return tiles
+    return []
+
+
 def register_tile_chains(program: Program, n: int) -> list[list[str]]:
     """Up to `CHAINS` register-tile chains for nest n (see the module docstring), each a list of action
-    texts that applies to `program` in order; none when nest n is not a contraction with a vector axis."""
+    texts that applies to `program` in order: GEMM tiles, or where there are none (a convolution) channel
+    tiles; none when nest n is not a contraction with a vector axis."""
     found = _contraction(program, n)
-    if found is None or _needs_transpose(found[1], found[3]) is None:
+    if found is None:
         return []
-    extent = {loop.var: loop.extent for loop in found[0]}
-    rows_extent, cols_extent = extent[found[2]], extent[found[3]]
     chains = []
-    for rows, cols in TILES:
-        if rows_extent % rows or cols_extent % cols or rows >= rows_extent or cols > cols_extent \
-                or not any(cols % l == 0 for l in LANES):
-            continue
+    for rows, j, cols in _row_tiles(found) or _channel_tiles(found):
         try:
-            chains.append(_chain(program, n, rows, cols))
+            chains.append(_chain(program, n, rows, j, cols))
         except StepTPError:
             continue
         if len(chains) == CHAINS:

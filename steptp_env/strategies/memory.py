@@ -513,6 +513,17 @@ def _loop_order(site: _Site) -> tuple[int, ...] | None:
     return tuple(sorted(range(len(keys)), key=lambda d: (keys[d], d)))
 
 
+def _written_order(program: Program, tensor: str) -> tuple[int, ...] | None:
+    """The loop order (`_loop_order`) of the first write of `tensor`: the layout in which the loops that
+    write it walk it contiguously (a local accumulator whose vector loop runs over its second dimension
+    stored with that dimension last)."""
+    for nest in program.nests:
+        for site in _sites(nest):
+            if site.access.name == tensor and site.is_write:
+                return _loop_order(site)
+    return None
+
+
 def _layout_copy(nest: Nest, site: _Site, groups: list[_Group], shape: tuple[int, ...], name: str) -> Nest:
     """The nest that fills the re-laid-out copy of the access at `site`. A split copies over the tensor's
     dimensions in order (the reference's form), with the split loop cut into an outer loop over the blocks
@@ -628,11 +639,16 @@ class SetStorageLayout(Strategy):
     params = ("tensor", "layout")
 
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        found = []
+        found, stored = [], []
         for name, info in program.intermediates.items():
             if info.shape and not _scanned(program, name):
-                found.extend(self.action(tensor=name, layout=layout) for layout in _layout_menu(info.shape))
-        return found
+                menu = _layout_menu(info.shape)
+                found.extend(self.action(tensor=name, layout=layout) for layout in menu)
+                order = _written_order(program, name)
+                if order is not None and order != tuple(range(len(info.shape))) and order not in menu:
+                    stored.append(self.action(tensor=name, layout=order))
+        return found + stored  # after the fixed menus, so that their ranks keep their meaning
+
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
