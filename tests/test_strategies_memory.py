@@ -287,7 +287,8 @@ def test_scan_is_not_relaid_out():
 def test_stored_in_the_order_its_loops_write_it():
     """A local accumulator whose vector loop walks its channels (not its last dimension) is offered the
     layout its writing loops walk, after the fixed layout menus, and stays equivalent."""
-    tile = _program("L^{2}_{a=0}L^{3}_{b=0}[L^{4}_{d=0}L^{8}_{c=0}[F^{f64,l}_{a,c,b}=F^{f64,l}_{a,c,b}+A^{f64,g}_{a,b,d}*C^{f64,g}_{d,c};];"
+    tile = _program("L^{2}_{a=0}L^{3}_{b=0}[L^{4}_{d=0}L^{8}_{c=0}"
+                    "[F^{f64,l}_{a,c,b}=F^{f64,l}_{a,c,b}+A^{f64,g}_{a,b,d}*C^{f64,g}_{d,c};];"
                     "L^{8}_{c=0}[D^{f64,g}_{a,c,b}=F^{f64,l}_{a,c,b};];];",
                     ("A", (2, 3, 4), "input"), ("C", (4, 8), "input"), ("D", (2, 8, 3), "output"))
     menu = [a.text for a in REGISTRY["set_storage_layout"].candidates(tile)]

@@ -42,10 +42,10 @@ reductions and libm math; 2: reductions initialised before their loops, float32 
 `vector_math`; 3: a local intermediate whose accesses all lie under one loop is allocated inside that loop,
 one iteration's tile, see `placement`; 4: `vector_math` only in statements that vectorise, libm in scalar
 reductions, see `_vectorises`; 5: the same TIR, but TVM compiles a `V` loop over `vector_math`'s forms to
-vector code instead of leaving the loop to LLVM, see `vector_math.ELEMENTWISE_BUILTINS`; 6: shorter dependency chains in those forms, Estrin's scheme and
-erf's saturation, see `vector_math._estrin`). Store keys hash
-the lowered module and the measurement context, which holds this version (`measure.context`), so no runtime
-is ever reused across versions."""
+vector code instead of leaving the loop to LLVM, see `vector_math.ELEMENTWISE_BUILTINS`; 6: shorter
+dependency chains in those forms, Estrin's scheme and erf's saturation, see `vector_math._estrin`). Store
+keys hash the lowered module and the measurement context, which holds this version (`measure.context`), so
+no runtime is ever reused across versions."""
 
 LOCAL_SCOPE_LIMIT_BYTES = 64 * 1024
 """On CPU a `local` intermediate lives on the stack when it is at most this large (for one allocated inside
@@ -585,9 +585,10 @@ class _ExprLowering:
         if f == "abs":
             return tirx.abs(self.materialize(args[0]))
         x = self.as_float(args[0])
-        depth = _expanded_depth(expr.args[0])
-        if math and _dt(x) == "float32" and self.vector_math and depth < vector_math.MAX_NESTED:
-            return vector_math.vector_call(f, x, short_chains=depth == 0 and not self.enclosing_math)
+        if math and _dt(x) == "float32" and self.vector_math:
+            depth = _expanded_depth(expr.args[0])
+            if depth < vector_math.MAX_NESTED:
+                return vector_math.vector_call(f, x, short_chains=depth == 0 and not self.enclosing_math)
         return {"exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt, "erf": tirx.erf}[f](x)
 
 

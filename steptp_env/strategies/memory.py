@@ -649,7 +649,6 @@ class SetStorageLayout(Strategy):
                     stored.append(self.action(tensor=name, layout=order))
         return found + stored  # after the fixed menus, so that their ranks keep their meaning
 
-
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
         tensor, layout = _check_tensor_name(action["tensor"]), action["layout"]
