@@ -17,12 +17,14 @@ import contextvars
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from steptp_env.data.records import JsonlWriter
+from steptp_env.data.recorder import Before, context, env_config, header, reset_record, step_record
 from steptp_env.env import STOP, EnvState, StepTPEnv
 from steptp_env.errors import StepTPError
 from steptp_env.strategies import apply_action
@@ -100,6 +102,8 @@ class AgentResult:
     torch_s: float | None = None
     compared_threads: int | None = None
     compared_note: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -133,12 +137,15 @@ class AgentResult:
         return steps[::-1]
 
     def save(self, folder: Path | str) -> Path:
-        """Write the run: state.json (the best episode, for `env.apply` and replay), trajectory.jsonl (one
-        step a line) and summary.json."""
+        """Write the run: state.json (the best episode, for `env.apply` and replay), trajectory.jsonl (every
+        step the search took, in the trajectory format `steptp export` reads: a header, the reset, then one
+        step record a line, each with its `parent` step) and summary.json."""
         folder = Path(folder)
         self.state.save(folder / "state.json")
-        lines = "".join(json.dumps(entry) + "\n" for entry in self.trajectory)
-        (folder / "trajectory.jsonl").write_text(lines)
+        (folder / "trajectory.jsonl").unlink(missing_ok=True)
+        with JsonlWriter(folder / "trajectory.jsonl", header(self.config)) as writer:
+            for record in self.records:
+                writer.write(record)
         (folder / "summary.json").write_text(json.dumps(self.summary(), indent=1) + "\n")
         return folder
 
@@ -177,7 +184,10 @@ class Search:
         self._steps = 0
         obs, info = self.env.reset(seed=seed, options={"workload": workload} if workload else None)
         initial, source = info["runtime_s"], info["runtime_source"]  # measured unless in model mode
-        self.initial_s = initial
+        self.initial_s, self._start_source = initial, source
+        self._where = context(self.env)
+        self.records = [reset_record(self.env, "0", self._where, obs, info)]
+        self.config = dict(env_config(self.env), agent=agent, seed=seed, budget=budget)
         self._root = Node(self.env, initial, obs)
         self._best = _Best(initial, source, self.env.program.leir, self.env.state)
         self._listener = _listener.get()
@@ -266,8 +276,10 @@ class Search:
         when the step failed (the failure is logged with its error). The log's `verified` is True when the
         step checked its program against the model (every measured step, every step in hybrid mode by
         default), None when it did not."""
+        source = self._start_source if node.entry < 0 else self.trajectory[node.entry]["source"]
+        before = Before(node.env.program, node.runtime_s, source, node.obs, node.env.groups)
         env = node.env.fork() if fork else node.env
-        obs, reward, _, _, info = env.step(move.action)
+        obs, reward, terminated, truncated, info = env.step(move.action)
         self._steps += 1
         error = info["error"]
         runtime = None if error else info["runtime_s"]
@@ -277,6 +289,9 @@ class Search:
                  "error": error, "parent": node.entry, "depth": node.depth if error else node.depth + 1,
                  "spent": self.spent}
         self.trajectory.append(entry)
+        record = step_record(env, move.action, before, obs, reward, terminated, truncated, info, "0",
+                             entry["step"] + 1, self._where)
+        self.records.append(dict(record, parent=node.entry + 1, depth=entry["depth"], spent=entry["spent"]))
         if self._listener is not None:
             self._listener(entry, self)
         if error:
@@ -290,4 +305,5 @@ class Search:
         counts = {k: self.env.oracle.counts[k] - self._counts[k] for k in self._counts}
         return AgentResult(self.agent, self.env.workload.uri, self.env.mode, self._best.leir,
                            self._best.runtime_s, self.initial_s, self._best.source, self._best.entry,
-                           self._best.state, self.trajectory, counts, self.spent, self.budget)
+                           self._best.state, self.trajectory, counts, self.spent, self.budget,
+                           records=self.records, config=self.config)

@@ -6,12 +6,14 @@ Train, compare with the random policy and with stopping at once, and measure the
 programs against the speedups its rewards claimed, from the command line:
 
     python -m agents.ppo -w level1/matmul -w level1/softmax --preset tiny --mode model \
-        --timesteps 5000 --out ppo.zip
+        --timesteps 5000 --out ppo.zip [--tensorboard tb/]
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -26,13 +28,19 @@ from .random_search import Policy, random_policy
 
 
 def train(env: StepTPEnv, timesteps: int, seed: int = 0, n_steps: int = 256, batch_size: int = 64,
-          n_epochs: int = 4, threads: int = 1, **ppo_kwargs: Any) -> MaskablePPO:
+          n_epochs: int = 4, threads: int = 1, verbose: int = 0, tensorboard: Path | str | None = None,
+          **ppo_kwargs: Any) -> MaskablePPO:
     """Train a `MultiInputPolicy` for `timesteps` env steps. `threads` sets torch's (process-wide) thread
-    count: the networks are tiny, and more threads only contend with the cost model and the measurements."""
+    count: the networks are tiny, and more threads only contend with the cost model and the measurements.
+    `verbose=1` prints SB3's training log after every rollout; `tensorboard` is a folder for its
+    TensorBoard logs (the `tensorboard` package, in the `[rl]` extra)."""
+    if tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard (or the [rl] extra)")
     torch.set_num_threads(threads)
     n_steps = max(2, min(n_steps, timesteps))
     model = MaskablePPO("MultiInputPolicy", env, n_steps=n_steps, batch_size=min(batch_size, n_steps),
-                        n_epochs=n_epochs, seed=seed, device="cpu", verbose=0, **ppo_kwargs)
+                        n_epochs=n_epochs, seed=seed, device="cpu", verbose=verbose,
+                        tensorboard_log=None if tensorboard is None else str(tensorboard), **ppo_kwargs)
     return model.learn(timesteps)
 
 
@@ -117,12 +125,19 @@ def main(workload: list[str] = typer.Option(["level1/matmul"], "--workload", "-w
          seed: int = typer.Option(0),
          episodes: int = typer.Option(10, help="evaluation episodes, against the random policy on the same seeds"),
          store: Optional[Path] = typer.Option(None, help="result store (default: the user cache)"),
-         out: Path = typer.Option(Path("ppo.zip"), help="where to save the trained model")) -> None:
-    """Train MaskablePPO, save it, compare its mean return with the random policy's and with stopping at
-    once, then measure its final programs against what the rewards claimed."""
+         out: Path = typer.Option(Path("ppo.zip"), help="where to save the trained model"),
+         tensorboard: Optional[Path] = typer.Option(None, help="write TensorBoard logs to this folder"),
+         quiet: bool = typer.Option(False, help="leave out SB3's training log")) -> None:
+    """Train MaskablePPO (SB3's training log printed after every rollout), save it, compare its mean
+    return with the random policy's and with stopping at once, then measure its final programs against
+    what the rewards claimed."""
     env = StepTPEnv(workload if len(workload) > 1 else workload[0], preset, mode=mode, max_steps=max_steps,
                     store=store)
-    model = train(env, timesteps, seed)
+    try:
+        model = train(env, timesteps, seed, verbose=0 if quiet else 1, tensorboard=tensorboard)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
     model.save(out)
     seeds = range(seed + 1, seed + 1 + episodes)
     trained = statistics.mean(evaluate(policy_of(model), env, seeds))

@@ -1,7 +1,9 @@
 """Replay a recorded episode (an `EnvState`, its JSON file, or a list of action texts) step by step, so
-its runtimes and sources are logged like any search's. Replays at most `budget` units."""
+its runtimes and sources are logged like any search's. Replays at most `budget` units. The result's state
+is the whole replayed episode (a search's is the path to its best program)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -37,4 +39,4 @@ def run(env: StepTPEnv, budget: int, seed: int, *, state: EnvState | Path | str 
         node = search.step(node, move, fork=False)
         if node is None:
             raise StepTPError(f"replay failed at {text[:120]!r}: {search.trajectory[-1]['error']}")
-    return search.result()
+    return dataclasses.replace(search.result(), state=node.env.state)

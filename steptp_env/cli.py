@@ -263,9 +263,10 @@ def costmodel_eval(model_dir: Path = typer.Argument(..., help="a saved model dir
     console.print(table)
 
 
-@app.command("demo")
-def demo(repeat: int = typer.Option(5, help="timed repeats per program")) -> None:
-    """Run the built-in LEIR examples end to end: parse, lower, build, verify against NumPy, time."""
+@app.command("examples")
+def examples(repeat: int = typer.Option(5, help="timed repeats per program")) -> None:
+    """Run the built-in LEIR examples end to end: parse, lower, build, verify against NumPy, time. (Not
+    `make demo`, the main job: an agent run on a suite workload.)"""
     from .examples import EXAMPLES
     from .measure import build, random_inputs, verify
 
@@ -289,10 +290,14 @@ def demo(repeat: int = typer.Option(5, help="timed repeats per program")) -> Non
 
 
 def _run_folder(out: Path, name: Optional[str], agent: str, workload: str) -> Path:
-    """OUT/NAME, or OUT/<time>-<agent>-<workload> made unique with a counter."""
+    """OUT/NAME, or OUT/<time>-<agent>-<workload> made unique with a counter (a saved workload folder by its
+    last path component)."""
     import time
 
-    base = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{agent}-{workload.replace('/', '_').replace('*', 'x')}"
+    from .frontend import is_saved_workload
+
+    label = Path(workload).resolve().name if is_saved_workload(workload) else workload
+    base = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{agent}-{label.replace('/', '_').replace('*', 'x')}"
     folder, n = out / base, 1
     while name is None and folder.exists():
         n += 1
@@ -301,7 +306,8 @@ def _run_folder(out: Path, name: Optional[str], agent: str, workload: str) -> Pa
 
 
 @app.command("run")
-def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", help="a suite URI (or a glob)"),
+def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w",
+                                           help="a suite URI, a glob, or a saved workload folder"),
               preset: str = typer.Option("small", "--preset", "-p", help="tiny, small or default"),
               agent: str = typer.Option("greedy", "--agent", "-a",
                                         help="random, greedy, beam, focus, bfs, dfs, mcts, replay, ppo or llm"),
@@ -324,7 +330,9 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
               style: str = typer.Option("action", help="llm: answer with an action text (action) or the whole "
                                         "rewritten program, Step-TP's answer (ir)"),
               search: str = typer.Option("greedy", help="llm: the search its proposals drive (greedy, beam, "
-                                         "mcts)")) -> None:
+                                         "mcts)"),
+              fresh: bool = typer.Option(False, "--fresh", help="time every program again instead of serving "
+                                         "the store's timings from earlier runs")) -> None:
     """Optimise a workload with a search agent or policy; print the best episode, time the start program,
     the best program and PyTorch eager side by side, and save the run (state.json, trajectory.jsonl,
     summary.json)."""
@@ -348,7 +356,7 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
     try:
         protocol = None if threads is None else Protocol(threads=threads)
         env = StepTPEnv(workload, preset, mode=mode, store=store, max_steps=max_steps, protocol=protocol,
-                        action_mode="text" if agent == "llm" else "index")
+                        action_mode="text" if agent == "llm" else "index", fresh=fresh)
         with progress(console, f"{agent} on {workload}", budget) as update:
 
             def advance(entry: dict, search) -> None:
@@ -370,6 +378,10 @@ def run_agent(workload: str = typer.Option("level1/matmul", "--workload", "-w", 
         table.add_row(str(n), escape(step["action"]), f"{step['runtime_s'] * 1e3:.4f}", f"{step['speedup']:.3f}",
                       step["source"] or "", verified)
     console.print(table)
+    if result.counts["stored"] or result.counts["stored pairs"]:
+        console.print(f"{result.counts['stored']} runtime(s) and {result.counts['stored pairs']} paired timing(s) "
+                      "came from the store (timed by an earlier run of the same code on this machine under "
+                      "this protocol), not timed now; --fresh times them again")
     console.print(f"best program ({result.best_source}, {result.best_runtime_s * 1e3:.4f} ms):")
     print(result.best_leir)
     with console.status("timing the start program, the best program and PyTorch side by side"):
@@ -391,7 +403,8 @@ def _strategy_table(title: str, columns: tuple[str, ...], rows: dict[str, tuple]
 
 @app.command("generate")
 def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output folder (resumed if it exists)"),
-                  workloads: list[str] = typer.Option(["*"], "--workload", "-w", help="suite URIs or globs"),
+                  workloads: list[str] = typer.Option(["*"], "--workload", "-w",
+                                                       help="suite URIs, globs or saved workload folders"),
                   preset: str = typer.Option("small", "--preset", "-p"),
                   dtype: str = typer.Option("float32"),
                   mode: str = typer.Option("model", help="how rows get runtimes: model, hybrid or measure"),
@@ -474,9 +487,14 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
             dataset, report = export_minari(inputs, out, config=config)
         except (ValueError, ImportError) as exc:
             _fail(exc)
-        console.print(f"minari dataset under {out}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+        console.print(f"minari dataset {dataset.id} under {out}: {dataset.total_episodes} episodes, "
+                      f"{dataset.total_steps} steps; load it with steptp_env.data.minari_export.load_minari"
+                      f"('{out}') or with MINARI_DATASETS_PATH={out} set for minari.load_dataset", soft_wrap=True)
         return
-    rows, report = export_dataset(inputs, out, ExportOptions(kind, system, labels), config, parquet)
+    try:
+        rows, report = export_dataset(inputs, out, ExportOptions(kind, system, labels), config, parquet)
+    except ValueError as exc:
+        _fail(exc)
     console.print(f"{len(rows)} rows to {out / 'data'}; kept {report.kept}/{report.total} steps; dropped: "
                   + (", ".join(f"{k} {v}" for k, v in report.to_dict()["dropped"].items()) or "none"))
     if validate:
@@ -486,7 +504,8 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
 def _validate(path: Path, workers: int) -> None:
     from .data.validate_rows import validate_file
 
-    checks = validate_file(path, workers)
+    with progress(console, f"validating {path.name}", 0) as update:
+        checks = validate_file(path, workers, checked=lambda done, total: update(done, total=total))
     bad = [c for c in checks if not c.ok]
     for check in bad:
         console.print(f"[red]{check.id}[/red]: " + escape("; ".join(check.errors)))
@@ -608,7 +627,9 @@ def import_rows(path: Path = typer.Argument(..., exists=True, dir_okay=False, he
     against the original program. Prints per-strategy counts and every rejected row with its reason."""
     from .data.importer import STATUSES, import_file
 
-    results = import_file(path, out, workers=workers, max_iterations=max_iterations)
+    with progress(console, f"verifying the rows of {path.name}", 0) as update:
+        results = import_file(path, out, workers=workers, max_iterations=max_iterations,
+                              checked=lambda done, total: update(done, total=total))
     counts: dict[str, list[int]] = {}
     for r in results:
         counts.setdefault(r.strategy or "(unreadable)", [0] * len(STATUSES))[STATUSES.index(r.status)] += 1
@@ -650,19 +671,22 @@ def workloads_list(pattern: Optional[str] = typer.Argument(None, metavar="[FILTE
 
 
 @workloads_app.command("show")
-def workloads_show(uri: str = typer.Argument(..., help="a workload URI, e.g. level1/softmax"),
+def workloads_show(uri: str = typer.Argument(..., help="a workload URI, e.g. level1/softmax, or a saved "
+                                             "workload folder"),
                    preset: str = typer.Option("small", "--preset", "-p", help="tiny, small or default"),
                    dtype: str = typer.Option("float32", help="float32, float64 or float16")) -> None:
     """Convert one workload and print its LEIR, its signature and its sizes."""
+    from .frontend import is_saved_workload
     from .workloads import get_workload, spec
 
     try:
-        entry = spec(uri)
         wl = get_workload(uri, preset, dtype)
+        about = (f"saved as {escape(wl.uri)}, preset {wl.preset})" if is_saved_workload(uri)
+                 else f"{spec(uri).family}, preset {preset}, {dtype}): {escape(spec(uri).doc)}")
     except StepTPError as exc:
         _fail(exc)
     program = wl.program
-    console.print(f"[bold]{uri}[/bold] ({entry.family}, preset {preset}, {dtype}): {escape(entry.doc)}")
+    console.print(f"[bold]{escape(uri)}[/bold] ({about}")
     print(program.leir)
     table = Table(title="signature")
     for col in ("name", "role", "shape", "dtype", "origin", "range"):

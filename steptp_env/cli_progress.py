@@ -19,7 +19,8 @@ EVERY_S = 30.0
 """Seconds between two progress lines when the output is not a terminal."""
 
 Update = Callable[..., None]
-"""`update(completed, description=None)`: the job's count so far and, optionally, a new description."""
+"""`update(completed, description=None, total=None)`: the job's count so far and, optionally, a new
+description and a total learnt while the job runs."""
 
 
 @contextlib.contextmanager
@@ -29,18 +30,19 @@ def progress(console: Console, description: str, total: int, every_s: float = EV
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task(description, total=total)
-            yield lambda completed, text=None: bar.update(task, completed=completed, description=text or description)
+            yield lambda completed, text=None, total=None: bar.update(
+                task, completed=completed, description=text or description, **({"total": total} if total else {}))
         return
     started = time.monotonic()
-    state = {"completed": 0, "text": description, "printed": -math.inf}
+    state = {"completed": 0, "text": description, "printed": -math.inf, "total": total}
 
     def line() -> None:
         state["printed"] = time.monotonic()
-        console.print(f"{state['text']}: {state['completed']}/{total}, {state['printed'] - started:.0f} s",
+        console.print(f"{state['text']}: {state['completed']}/{state['total']}, {state['printed'] - started:.0f} s",
                       highlight=False, markup=False, soft_wrap=True)
 
-    def update(completed: int, text: str | None = None) -> None:
-        state.update(completed=completed, text=text or description)
+    def update(completed: int, text: str | None = None, total: int | None = None) -> None:
+        state.update(completed=completed, text=text or description, total=total or state["total"])
         if time.monotonic() - state["printed"] >= every_s:
             line()
 

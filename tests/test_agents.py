@@ -7,17 +7,22 @@ import json
 import re
 import statistics
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from agents import AGENTS, get_agent
-from agents.common import Move
+from agents.common import Move, Search
 from agents.compare import compare, describe, torch_seconds
 from steptp_env.cli import app
+from steptp_env.data.dataset import export_dataset
+from steptp_env.data.export import ExportOptions
+from steptp_env.data.filters import FilterConfig, filter_episodes
+from steptp_env.data.records import read_records
 from steptp_env.env import EnvState, StepTPEnv
 from steptp_env.errors import StepTPError
-from steptp_env.frontend.workload import Workload
+from steptp_env.frontend.workload import Workload, from_torch
 from steptp_env.ir.analysis import reduction
 from steptp_env.ir.ast import equations
 from steptp_env.ir.printer import print_expr, print_nest
@@ -96,6 +101,32 @@ def test_replay_reproduces_a_recorded_state(tmp_path):
         get_agent("replay")(env, 8, seed=0, state=["loop_split(nest=7, loop=z, factor=3)"])
 
 
+def test_replay_keeps_every_action_past_the_best_program(tmp_path):
+    env = make_env(tmp_path)
+    search = Search(env, 8, 0, "probe")
+    first = search.rank(search.root())[0]
+    node = search.step(search.root(), first)
+    worst = search.rank(node)[-1]  # the move the model expects slowest: the episode ends past its best
+    replayed = get_agent("replay")(env, 8, seed=0, state=[first.text, worst.text])
+    assert replayed.best_entry == 0 and replayed.state.actions == [first.text, worst.text]
+
+
+def test_a_measured_replay_says_it_served_stored_timings_until_fresh(tmp_path):
+    env = StepTPEnv("level1/relu", "tiny", mode="measure", store=tmp_path / "s.sqlite", protocol=Protocol(threads=1))
+    env.reset(seed=0)
+    assert env.step(int(np.flatnonzero(env.action_masks()[1:])[0] + 1))[4]["runtime_source"] == "measured"
+    state = str(env.state.save(tmp_path / "state.json"))
+    runner = CliRunner()
+    common = ["--workload", "level1/relu", "--preset", "tiny", "--mode", "measure", "--budget", "2",
+              "--threads", "1", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "runs")]
+    stored = runner.invoke(app, ["run", "--agent", "replay", "--state", state, "--name", "again", *common])
+    assert stored.exit_code == 0 and "came from the store" in stored.output, stored.output
+    fresh = runner.invoke(app, ["run", "--agent", "replay", "--state", state, "--name", "fresh", "--fresh", *common])
+    assert fresh.exit_code == 0 and "came from the store" not in fresh.output, fresh.output
+    summary = json.loads((tmp_path / "runs" / "fresh" / "summary.json").read_text())
+    assert summary["counts"]["stored"] == 0 and summary["counts"]["measured"] >= 1
+
+
 def test_budget_counts_measurements_outside_model_mode(tmp_path):
     result = get_agent("greedy")(make_env(tmp_path, "level1/relu", mode="measure"), 3, seed=0)
     assert 1 <= result.spent <= 3 and result.spent == result.counts["measured"] + result.counts["stored"]
@@ -112,9 +143,10 @@ def test_cli_run_writes_state_and_trajectory(tmp_path):
     assert re.search(r"^greedy: 1 steps, best x[\d.]+: \d/8, \d+ s$", ran.output, re.M)  # not a terminal: lines
     folder = tmp_path / "runs" / "greedy"
     state = EnvState.load(folder / "state.json")
-    steps = [json.loads(line) for line in (folder / "trajectory.jsonl").read_text().splitlines()]
-    assert state.actions and 1 <= len(steps) <= 8
-    assert {"action", "reward", "runtime_s", "source", "error"} <= set(steps[0])
+    header, reset, *steps = [json.loads(line) for line in (folder / "trajectory.jsonl").read_text().splitlines()]
+    assert header["format"] == "steptp-trajectory" and header["config"]["agent"] == "greedy"
+    assert reset["kind"] == "reset" and state.actions and 1 <= len(steps) <= 8
+    assert {"action", "reward", "runtime_after_s", "source_after", "error", "parent"} <= set(steps[0])
     summary = json.loads((folder / "summary.json").read_text())
     for key in ("compared_start_s", "compared_best_s", "compared_speedup", "torch_s", "best_vs_torch"):
         assert summary[key] > 0, (key, summary)
@@ -128,6 +160,53 @@ def test_cli_run_writes_state_and_trajectory(tmp_path):
     assert unknown.exit_code == 2 and "unknown agent" in unknown.output
     other = runner.invoke(app, ["run", "--agent", "greedy", "--threads", "2", *common])
     assert other.exit_code == 2 and "trained on timings at 1 thread" in other.output
+
+
+def test_a_search_run_exports_every_step_with_its_parent(tmp_path):
+    """`steptp run`'s trajectory.jsonl is a trajectory file: chat rows from every kept step of the search
+    tree, conversations from its start-to-leaf paths; a file of another format is refused by name."""
+    result = get_agent("beam")(make_env(tmp_path, "level1/softmax", max_steps=4), 12, seed=0)
+    folder = result.save(tmp_path / "run")
+    reset, *steps = list(read_records(folder / "trajectory.jsonl"))[1:]
+    assert len(steps) == len(result.trajectory) and any(s["parent"] > 0 for s in steps)
+    reached = {0: reset["leir"], **{s["step"]: s["after"]["leir"] for s in steps if s["after"]}}
+    assert all(s["before"]["leir"] == reached[s["parent"]] for s in steps)  # each step starts at its parent
+    rows, report = export_dataset([folder], tmp_path / "chat", config=FilterConfig(require_verified=False))
+    assert report.total == len(steps) and report.kept == len(rows) > 0
+    conversations, paths = export_dataset([folder], tmp_path / "episodes", ExportOptions("trajectory"),
+                                          FilterConfig(require_verified=False))
+    assert 1 < len(conversations) and paths.total == len(steps) and paths.kept <= len(steps)
+    for episode in filter_episodes(steps, FilterConfig(require_verified=False))[0]:
+        assert all(a["after"]["leir"] == b["before"]["leir"] for a, b in zip(episode, episode[1:]))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "trajectory.jsonl").write_text(json.dumps(result.trajectory[0]) + "\n")
+    runner = CliRunner()
+    refused = runner.invoke(app, ["export", str(tmp_path / "old"), "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "is not a trajectory file" in refused.output, refused.output
+    (tmp_path / "empty").mkdir()
+    empty = runner.invoke(app, ["export", str(tmp_path / "empty"), "--out", str(tmp_path / "y")])
+    assert empty.exit_code == 2 and "no .jsonl files" in empty.output, empty.output
+
+
+def test_cli_runs_and_replays_a_saved_workload_folder(tmp_path):
+    torch.manual_seed(0)
+    folder = from_torch(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()),
+                        torch.randn(8, 16)).save(tmp_path / "my_model")
+    runner = CliRunner()
+    common = ["--workload", str(folder), "--mode", "model", "--budget", "4", "--store", str(tmp_path / "s.sqlite"),
+              "--out", str(tmp_path / "runs")]
+    ran = runner.invoke(app, ["run", "--agent", "greedy", *common])
+    assert ran.exit_code == 0, ran.output
+    run, = (tmp_path / "runs").iterdir()
+    assert run.name.endswith("-greedy-my_model")
+    state = EnvState.load(run / "state.json")
+    assert state.actions and state.workload.startswith("torch/")
+    replayed = runner.invoke(app, ["run", "--agent", "replay", "--state", str(run / "state.json"), "--name",
+                                   "replay", *common])
+    assert replayed.exit_code == 0, replayed.output
+    assert EnvState.load(tmp_path / "runs" / "replay" / "state.json").actions == state.actions
+    shown = runner.invoke(app, ["workloads", "show", str(folder)])
+    assert shown.exit_code == 0 and f"saved as {state.workload}" in shown.output, shown.output
 
 
 def test_compare_times_start_best_and_pytorch_side_by_side(tmp_path):
@@ -200,6 +279,22 @@ def test_maskable_ppo_beats_the_random_policy(tmp_path):
     rows = measured_finals(policy_of(model), env, seeds[:2])  # the final programs, verified and measured
     assert [r["errors"] for r in rows] == [[], []] and all(r["measured"] > 0 and r["claimed"] > 0 for r in rows)
     assert "stopping at once" in describe_finals(rows)
+
+
+def test_ppo_command_prints_the_training_log_and_writes_tensorboard_logs(tmp_path):
+    import typer
+
+    from agents.ppo import main
+
+    app = typer.Typer()
+    app.command()(main)
+    args = ["-w", "level1/relu", "--preset", "tiny", "--timesteps", "64", "--max-steps", "4", "--episodes", "2",
+            "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "ppo.zip"),
+            "--tensorboard", str(tmp_path / "tb")]
+    ran = CliRunner().invoke(app, args)
+    assert ran.exit_code == 0, ran.output
+    assert "total_timesteps" in ran.output and "stopping at once" in ran.output and "random" in ran.output
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
 
 
 def test_a_greedy_run_of_ten_steps_replays_and_validates(tmp_path):

@@ -78,6 +78,10 @@ def test_progress_prints_lines_when_the_output_is_not_a_terminal():
         update(2)
     lines = [line.rsplit(", ", 1)[0] for line in quiet.getvalue().splitlines()]
     assert lines == ["job: 1/3", "job: 2/3"]  # the first and the last only
+    learnt = io.StringIO()
+    with progress(Console(file=learnt, force_terminal=False, width=200), "job", 0, every_s=0) as update:
+        update(1, total=4)
+    assert [line.rsplit(", ", 1)[0] for line in learnt.getvalue().splitlines()] == ["job: 1/4", "job: 1/4"]
     bar = io.StringIO()
     with progress(Console(file=bar, force_terminal=True, width=200), "job", 3, every_s=0) as update:
         update(1)

@@ -122,7 +122,8 @@ def test_export_is_byte_identical_and_validates(recorded, tmp_path, kind):
 def test_same_actions_give_the_same_rows(recorded, tmp_path):
     """A second recording of the same actions (fresh env, fresh store) exports byte-identical rows."""
     folder, _ = recorded
-    env = StepTPEnv(WORKLOAD, preset="tiny", mode="model", store=tmp_path / "store.sqlite", max_steps=8)
+    env = StepTPEnv(WORKLOAD, preset="tiny", mode="model", store=tmp_path / "store.sqlite", max_steps=8,
+                    revisits="allow")  # the recording's settings, which the card states
     again = Recorder(env, tmp_path / "runs" / "one_step.jsonl", verify=True)
     for action in ONE_STEP:
         again.reset(seed=0)
@@ -181,8 +182,48 @@ def test_minari_export(recorded, tmp_path):
     dataset, _ = export_minari([folder / "episode.jsonl"], tmp_path)
     assert dataset.total_episodes == 1 and dataset.total_steps == 1
     episode = next(iter(dataset.iterate_episodes()))
-    assert episode.observations.shape[0] == 2 and episode.actions.shape == (1,)
+    assert episode.observations["features"].shape[0] == 2 and episode.actions.shape == (1,)
+    assert episode.truncations[-1] and not episode.terminations[-1]  # the recording stopped, not the policy
     assert os.listdir(tmp_path)
+
+
+def test_minari_round_trip_recovers_the_env_and_replays(tmp_path):
+    """Load the export, recover its env from the dataset's spec, replay each episode's actions: the same
+    observations (features and masks) and programs; an episode ended by stop is a termination."""
+    pytest.importorskip("minari")
+    pytest.importorskip("PIL")
+    import numpy as np
+
+    from steptp_env.data.minari_export import export_minari, load_minari
+    from steptp_env.env import STOP
+
+    env = StepTPEnv("level1/*softmax*", preset="tiny", mode="model", store=tmp_path / "store.sqlite", max_steps=6)
+    recorder = Recorder(env, tmp_path / "runs" / "episodes.jsonl", verify=True)
+    programs = []
+    for seed, moves in ((0, 2), (1, 3)):
+        obs, _ = recorder.reset(seed=seed)
+        for n in range(moves):
+            obs = recorder.step(int(np.flatnonzero(obs["action_mask"][1:])[n] + 1))[0]
+        programs.append(env.program.leir)
+        if seed == 0:
+            recorder.step(STOP)
+    recorder.close()
+    export_minari([tmp_path / "runs"], tmp_path / "minari")
+    dataset = load_minari(tmp_path / "minari")
+    assert set(dataset.observation_space.spaces) == {"features", "action_mask"}
+    recovered = dataset.recover_environment()
+    assert recovered.unwrapped.max_steps == 6 and recovered.spec.max_episode_steps == 6
+    ended = {bool(e.terminations[-1]): e for e in dataset.iterate_episodes()}  # the stopped one, the other
+    assert set(ended) == {True, False} and not ended[True].truncations[-1] and ended[False].truncations[-1]
+    resets = [r for r in read_records(tmp_path / "runs" / "episodes.jsonl") if r["kind"] == "reset"]
+    for seed, (episode, program) in enumerate(zip((ended[True], ended[False]), programs)):
+        obs, _ = recovered.reset(seed=seed, options={"workload": resets[seed]["workload"]})
+        for n, action in enumerate(episode.actions):
+            assert np.array_equal(obs["features"], episode.observations["features"][n])
+            assert np.array_equal(obs["action_mask"], episode.observations["action_mask"][n])
+            obs = recovered.step(int(action))[0]
+        assert recovered.unwrapped.program.leir == program
+    recovered.close()
 
 
 @pytest.fixture(scope="module")

@@ -59,10 +59,12 @@ def test_import_command_names_respellings_and_rows_export(sample, tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["import", str(rows), "--out", str(tmp_path / "imported.jsonl"), "--workers", "1"])
     assert result.exit_code == 0 and "row 1 (cancellation): cosmetic only" in result.output, result.output
+    assert "verifying the rows of rows.jsonl: 1/1, " in result.output  # not a terminal: progress lines
     export_dataset([tmp_path / "imported.jsonl"], tmp_path / "export", parquet=False)
     exported = tmp_path / "export" / "data" / "train.jsonl"
     result = runner.invoke(app, ["validate-rows", str(exported), "--workers", "1"])
     assert result.exit_code == 0 and "1/1 rows valid" in result.output, result.output
+    assert "validating train.jsonl: 1/1, " in result.output
 
 
 def test_large_rows_get_one_draw_and_rows_beyond_memory_are_not_run(sample, monkeypatch):

@@ -18,6 +18,7 @@ from steptp_env.env.fuzz import bad_action
 from steptp_env.errors import StepTPError
 from steptp_env.frontend.workload import Workload
 from steptp_env.strategies import apply_action
+from steptp_env.workloads import get_workload
 
 TINY = ["level1/matmul", "level1/softmax", "level1/relu", "level1/layer_norm", "level1/sum_over_dim",
         "level1/conv1d_padded_bias", "level1/log_softmax", "level2/gemm_relu_divide", "level1/matvec",
@@ -265,17 +266,51 @@ def test_text_mode_forms(tmp_path):
               json.dumps({"transformed_IR": after.leir, "applied_strategy": "loop_split"}) + "</answer>")
     _, _, _, _, info = env.step(answer)
     assert info["error"] is None and info["action"].startswith("loop_split") and info["identified"]
+    assert info["claimed_strategy_matches"] is True
     # an equivalent rewrite no strategy explains is accepted after verification, flagged unidentified
     env.reset(seed=0)
     rewrite = env.program.leir.replace("*", "*1.0*", 1)
     assert rewrite != env.program.leir
     _, _, _, _, info = env.step(json.dumps({"transformed_IR": rewrite, "applied_strategy": "free"}))
     assert info["error"] is None and info["identified"] is False and env.state.actions[0].startswith("leir:")
+    assert info["claimed_strategy_matches"] is False
     # a wrong one is rejected by verification
     env.reset(seed=0)
     wrong = env.program.leir.replace("*", "+", 1)
     _, reward, _, _, info = env.step(json.dumps({"transformed_IR": wrong, "applied_strategy": "free"}))
     assert info["error"] and "equivalent" in info["error"] and reward == env.penalty
+
+
+def test_an_answer_claiming_another_strategy_is_flagged_and_can_be_penalised(tmp_path):
+    env = make(tmp_path, "level1/matmul", action_mode="text", claim_penalty=0.5)
+    _, info = env.reset(seed=0)
+    split = next(c for c in info["candidates"] if c.startswith("loop_split"))
+    leir = apply_action(env.program, split).leir
+    rewards = {}
+    for claim in ("loop_split", "loop_tiling", "loop_tiling,loop_split", None):
+        env.reset(seed=0)
+        answer = {"transformed_IR": leir} if claim is None else {"transformed_IR": leir, "applied_strategy": claim}
+        _, rewards[claim], _, _, info = env.step(json.dumps(answer))
+        assert info["error"] is None and info["action"] == split and info["identified"]
+        assert info.get("claimed_strategy_matches") is {"loop_tiling": False, None: None}.get(claim, True)
+        assert ("claim_penalty" in info) is (claim == "loop_tiling")
+    assert rewards["loop_tiling"] == pytest.approx(rewards["loop_split"] - 0.5)
+    assert rewards[None] == rewards["loop_split"] == rewards["loop_tiling,loop_split"]
+    with pytest.raises(ValueError, match="claim_penalty"):
+        make(tmp_path, "level1/matmul", claim_penalty=-1)
+
+
+def test_errors_show_numpy_values_as_python_values(tmp_path):
+    env = make(tmp_path, "level1/matmul")
+    env.reset(seed=0)
+    info = env.step(np.float64(1.5))[4]
+    assert info["error"] == "index mode expects an integer action, got 1.5"
+    info = env.step(np.array([1, 2]))[4]
+    assert "np." not in info["error"] and "[1, 2]" in info["error"]
+    env = make(tmp_path, "level1/matmul", action_mode="text", verify_steps=True)
+    env.reset(seed=0)
+    info = env.step(json.dumps({"transformed_IR": env.program.leir.replace("*", "+", 1)}))[4]
+    assert "equivalent" in info["error"] and "np.float" not in info["error"], info["error"]
 
 
 def test_state_replays_and_validates(tmp_path):
@@ -352,6 +387,27 @@ def test_from_torch_workload_replays_from_saved_files(tmp_path):
     again.apply(state)
     assert again.program.leir == env.program.leir
     assert again.validate(state)["ok"]
+
+
+def test_a_saved_workload_folder_is_accepted_where_a_uri_is(tmp_path):
+    torch.manual_seed(1)
+    wl = from_torch(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.randn(4, 8))
+    folder = wl.save(tmp_path / "saved")
+    loaded = get_workload(str(folder))
+    assert loaded.uri == wl.uri and loaded.program.leir == wl.program.leir
+    with pytest.raises(StepTPError, match="is float32, not float64"):
+        get_workload(folder, dtype="float64")
+    with pytest.raises(StepTPError, match="not a saved workload"):
+        Workload.load(tmp_path)
+    env = StepTPEnv(folder, mode="model", store=tmp_path / "s.sqlite")
+    _, info = env.reset(seed=0)
+    assert info["workload"] == wl.uri and env.program.leir == wl.program.leir
+    env.step(int(np.flatnonzero(env.action_masks()[1:])[0] + 1))
+    again = StepTPEnv(str(folder), mode="model", store=tmp_path / "s.sqlite")
+    again.apply(env.state)
+    assert again.program.leir == env.program.leir and again.validate(env.state)["ok"]
+    with pytest.raises(ValueError, match="its saved folder as the workload"):
+        StepTPEnv("level1/relu", preset="tiny", mode="model", store=tmp_path / "s.sqlite").apply(env.state)
 
 
 def _random_masked_actions(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -62,3 +62,18 @@ def test_a_missing_input_file_is_one_line_of_error(tmp_path):
         result = CliRunner().invoke(app, command)
         assert result.exit_code == 2 and "does not exist" in result.output, (command, result.output)
         assert result.exception is None or isinstance(result.exception, SystemExit), command
+
+
+def test_the_readme_headline_program_runs_as_written():
+    """The README's first LEIR program, by the command the README gives for it."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith(".venv/bin/steptp leir run"))
+    headline = readme.split("```\n", 2)[1].strip()
+    args = shlex.split(command)[1:]
+    assert args[2] == headline
+    result = CliRunner().invoke(app, [*args, "--repeat", "2"])
+    assert result.exit_code == 0, result.output
+    assert "median" in result.output

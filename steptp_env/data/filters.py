@@ -93,34 +93,69 @@ def _quality(step: dict[str, Any], config: FilterConfig) -> str | None:
 
 
 def _episodes(steps: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The recorded episodes in step order; a search's record (steps that name their `parent`, `steptp
+    run`) is a tree, read as its paths from the start to each leaf (shared steps appear in several)."""
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for step in steps:
         grouped[episode_key(step)].append(step)
-    return [sorted(grouped[k], key=lambda s: s.get("step") or 0) for k in sorted(grouped)]
+    episodes = []
+    for key in sorted(grouped):
+        ordered = sorted(grouped[key], key=lambda s: s.get("step") or 0)
+        episodes += _paths(ordered) if any("parent" in s for s in ordered) else [ordered]
+    return episodes
 
 
-def _walk(episode: list[dict[str, Any]], config: FilterConfig, report: FilterReport,
-          truncate: bool) -> list[dict[str, Any]]:
+def _paths(tree: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Start-to-leaf paths of a search tree whose steps name their parent's `step` (0: the start)."""
+    by_number = {s["step"]: s for s in tree}
+    parents = {s.get("parent") for s in tree}
+    paths = []
+    for leaf in (s for s in tree if s["step"] not in parents):
+        path, step = [], leaf
+        while step is not None:
+            path.append(step)
+            step = by_number.get(step.get("parent"))
+        paths.append(path[::-1])
+    return paths
+
+
+def _walk(episode: list[dict[str, Any]], config: FilterConfig, report: FilterReport, truncate: bool,
+          verdicts: dict[int, str | None]) -> list[dict[str, Any]]:
     """The steps of one episode that pass the quality filters; with `truncate`, none after the first
-    dropped transformation (later states depend on it)."""
+    dropped transformation (later states depend on it). `verdicts` holds each step's verdict (None: kept)
+    by `id`, so a step shared by several paths of a search tree is judged and counted once (its ancestors,
+    which decide an undo, are the same on every path)."""
     kept, seen, stopped = [], set(), False
     for step in episode:
         moved = step.get("after") is not None and not step.get("error")
-        reason = "after a dropped step" if stopped else _quality(step, config)
         if moved and (config.drop_cosmetic or config.drop_undo):
             before, after = _canonical(step["before"]), _canonical(step["after"])
             seen.add(before)
-            if reason is None and config.drop_cosmetic and before == after:
+        if id(step) not in verdicts:
+            reason = "after a dropped step" if stopped else _quality(step, config)
+            if moved and reason is None and config.drop_cosmetic and before == after:
                 reason = "cosmetic"
-            elif reason is None and config.drop_undo and after in seen:
+            elif moved and reason is None and config.drop_undo and after in seen:
                 reason = "undo"
+            verdicts[id(step)] = reason
+            if reason is not None:
+                report.drop(step, reason)
+        if moved and (config.drop_cosmetic or config.drop_undo):
             seen.add(after)
-        if reason is None:
+        if verdicts[id(step)] is None:
             kept.append(step)
         else:
-            report.drop(step, reason)
             stopped = stopped or (truncate and moved)
     return kept
+
+
+def _maximal(episodes: list[Steps]) -> list[Steps]:
+    """The episodes that are no prefix of another (nor a repeat): the kept part of a search-tree path
+    that ended in failed or dropped steps is a prefix of a longer path's."""
+    keys = [tuple(map(id, episode)) for episode in episodes]
+    prefixes = {key[:n] for key in keys for n in range(1, len(key))}
+    unique = {key: episode for key, episode in zip(keys, episodes) if key not in prefixes}
+    return list(unique.values())
 
 
 def _rank(config: FilterConfig, step: dict[str, Any]) -> str:
@@ -145,8 +180,9 @@ def _cap(steps: list[dict[str, Any]], limit: int | None, group, reason: str, con
 
 def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[Steps, FilterReport]:
     """Steps that may each become a one-step row, in a deterministic order, and the report."""
-    report = FilterReport(config, total=len(steps))
-    kept = [s for episode in _episodes(steps) for s in _walk(episode, config, report, truncate=False)]
+    report, verdicts = FilterReport(config, total=len(steps)), {}
+    kept = list({id(s): s for episode in _episodes(steps)
+                 for s in _walk(episode, config, report, False, verdicts)}.values())
     kept.sort(key=lambda s: (s["workload"], step_id(s)))
     if config.drop_duplicates:
         unique, seen = [], set()
@@ -168,8 +204,9 @@ def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[S
 def filter_episodes(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[list[Steps], FilterReport]:
     """Episodes cut at their first dropped transformation (failed attempts in between are skipped, not
     cut at), empty ones removed; `max_per_workload` caps episodes, not steps. Strategy caps do not apply."""
-    report = FilterReport(config, total=len(steps))
-    episodes = [kept for episode in _episodes(steps) if (kept := _walk(episode, config, report, truncate=True))]
+    report, verdicts = FilterReport(config, total=len(steps)), {}
+    episodes = _maximal([kept for episode in _episodes(steps)
+                         if (kept := _walk(episode, config, report, True, verdicts))])
     if config.max_per_workload is not None:
         by_workload: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
         for episode in episodes:
@@ -177,10 +214,12 @@ def filter_episodes(steps: Steps, config: FilterConfig = FilterConfig()) -> tupl
         episodes = []
         for uri in sorted(by_workload):
             ranked = sorted(by_workload[uri], key=lambda e: _rank(config, e[0]))
-            for dropped in ranked[config.max_per_workload:]:
-                for step in dropped:
+            chosen = {id(step) for episode in ranked[:config.max_per_workload] for step in episode}
+            capped = {id(step): step for episode in ranked[config.max_per_workload:] for step in episode}
+            for key, step in capped.items():
+                if key not in chosen:
                     report.drop(step, "workload cap")
             episodes += ranked[:config.max_per_workload]
     episodes.sort(key=lambda e: (e[0]["workload"], step_id(e[0]), len(e)))
-    report.kept = sum(map(len, episodes))
+    report.kept = len({id(step) for episode in episodes for step in episode})
     return episodes, report

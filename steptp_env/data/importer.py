@@ -33,7 +33,7 @@ from ..measure import Protocol, random_inputs
 from ..strategies import REGISTRY, Action, get_strategy, identify
 from ..strategies.algebraic import cosmetic_key
 from .records import JsonlWriter
-from .verification import check_many
+from .verification import Checked, check_many
 
 _PROMPT = re.compile(r"IR of (?P<model>[^:]+): '(?P<leir>[^']+)', where the known variables are (?P<vars>.*?)\. "
                      r"Do not change", re.S)
@@ -143,10 +143,11 @@ def _peak_bytes(before: Program, after: Program) -> int:
 
 
 def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations: int | None = None,
-                protocol: Protocol | None = None) -> list[Imported]:
+                protocol: Protocol | None = None, checked: Checked | None = None) -> list[Imported]:
     """Import chat rows (see the module docstring). Rows whose programs run more than `max_iterations`
     loop iterations, or whose tensors need more memory than this machine can give (`MEMORY_FRACTION`), are
-    labelled but not verified (`unverified`), and not accepted."""
+    labelled but not verified (`unverified`), and not accepted. `checked(done, total)` follows the
+    verification of the rows that are small enough for several at once (the large ones come after)."""
     protocol = protocol or Protocol(threads=1)
     memory = psutil.virtual_memory().total
     results, todo, large = [], [], []
@@ -166,7 +167,7 @@ def import_rows(rows: Iterable[dict[str, Any]], workers: int = 1, max_iterations
         else:
             (large if size > SINGLE_DRAW_ITERATIONS else todo).append((result, pending, size))
     reports = check_many([(after, before) for _, (_, before, after, _), _ in todo], protocol=protocol,
-                         workers=workers)
+                         workers=workers, checked=checked)
     for _, (_, before, after, _), size in large:
         slow = replace(protocol, trials=1, run_timeout=max(protocol.run_timeout, size / SLOWEST_RATE))
         reports += check_many([(after, before)], protocol=slow)

@@ -7,6 +7,7 @@ on single steps without replaying anything. The record format is described in `r
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,10 +27,13 @@ class RecordSink(Protocol):
 
 
 def env_config(env) -> dict[str, Any]:
-    """The settings of an (unwrapped) env that decide what its trajectories contain."""
+    """The settings of an (unwrapped) env that decide what its trajectories contain: its constructor's
+    arguments (`workloads` for `workload`), so an env like it can be made again (Minari's env spec)."""
     return {"workloads": list(env.uris), "preset": env.preset, "mode": env.mode, "action_mode": env.action_mode,
             "obs_mode": env.obs_mode, "target": env.target, "dtype": env.dtype, "max_steps": env.max_steps,
-            "penalty": env.penalty, "verify_steps": env.verify_steps}
+            "penalty": env.penalty, "verify_steps": env.verify_steps, "revisits": env.revisits,
+            "uncertainty_penalty": env.uncertainty_penalty, "claim_penalty": env.claim_penalty,
+            "paired_rewards": env.paired_rewards}
 
 
 def features(obs: Any) -> list[float] | None:
@@ -38,6 +42,62 @@ def features(obs: Any) -> list[float] | None:
     if not isinstance(obs, dict) or "features" not in obs:
         return None
     return [float(str(v)) for v in np.asarray(obs["features"], np.float32)]
+
+
+def legal(obs: Any) -> list[int] | None:
+    """The catalog indices the observation's action mask allows (a short list, not the whole mask), or
+    None for text observations."""
+    if not isinstance(obs, dict) or "action_mask" not in obs:
+        return None
+    return [int(i) for i in np.flatnonzero(obs["action_mask"])]
+
+
+def context(env) -> dict[str, Any]:
+    """Where an (unwrapped) env's current episode comes from, as every record of it repeats."""
+    return {"workload": env.workload.uri, "preset": env.state.preset, "dtype": env.dtype, "target": env.target}
+
+
+def reset_record(env, episode: str, where: dict[str, Any], obs: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """The `reset` record of an episode that just started on (unwrapped) `env`."""
+    return {"kind": "reset", "episode": episode, **where, "mode": env.mode, "leir": info["leir"],
+            "signature": info["signature"], "runtime_s": info["runtime_s"],
+            "runtime_source": info.get("runtime_source"), "obs": features(obs), "legal": legal(obs)}
+
+
+@dataclass(frozen=True)
+class Before:
+    """The state a step starts from, taken before `step` is called: its program, runtime and where that
+    came from, numeric observation, and the candidate groups (for the action's catalog index)."""
+
+    program: Any
+    runtime_s: float
+    source: str | None
+    obs: Any
+    groups: Any
+
+
+def step_record(env, action, before: Before, obs: Any, reward: float, terminated: bool, truncated: bool,
+                info: dict[str, Any], episode: str, number: int, where: dict[str, Any],
+                verify: bool = False) -> dict[str, Any]:
+    """The `step` record of one `env.step(action)` (env unwrapped, as it is after the step); with
+    `verify`, a moved step the env did not verify is verified here first. The observation after a step
+    is kept where the step did not fail (a stop's is the state it stopped in)."""
+    text = info.get("action") or (action if isinstance(action, str) else None)
+    moved = info["error"] is None and text not in (None, "stop")
+    stayed = info["error"] is None
+    report = info.get("verify")
+    if moved and report is None and verify:
+        report = check(env.program, env.workload, env.target, env.oracle.protocol)
+    return {"kind": "step", "episode": episode, "step": number, "key": None, **where, "action": text,
+            "index": _index(env, action, text, before.groups), "strategy": info.get("strategy"),
+            "before": {"leir": before.program.leir, "signature": before.program.signature.to_json()},
+            "after": {"leir": env.program.leir, "signature": env.program.signature.to_json()} if moved else None,
+            "explain": info.get("explain"), "verify": report, "runtime_before_s": before.runtime_s,
+            "runtime_after_s": info["runtime_s"] if moved else None, "source_before": before.source,
+            "source_after": info.get("runtime_source") if moved else None, "reward": float(reward),
+            "error": info["error"], "terminated": bool(terminated), "truncated": bool(truncated),
+            "obs_before": features(before.obs), "obs_after": features(obs) if stayed else None,
+            "legal_before": legal(before.obs), "legal_after": legal(obs) if stayed else None}
 
 
 class Recorder(gym.Wrapper):
@@ -51,9 +111,7 @@ class Recorder(gym.Wrapper):
         if (path is None) == (sink is None):
             raise ValueError("give exactly one of path and sink")
         if sink is None:
-            created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            header = {"config": config or env_config(env.unwrapped), "versions": versions(), "created": created}
-            sink = JsonlWriter(path, header)
+            sink = JsonlWriter(path, header(config or env_config(env.unwrapped)))
         self.sink, self.verify = sink, verify
         self.episodes = 0
         self.episode: str | None = None
@@ -69,47 +127,32 @@ class Recorder(gym.Wrapper):
         self.episodes += 1
         self._steps = 0
         self._obs, self._source = obs, info.get("runtime_source")
-        self._context = {"workload": env.workload.uri, "preset": env.state.preset, "dtype": env.dtype,
-                         "target": env.target}
-        self.sink.write({"kind": "reset", "episode": self.episode, **self._context, "mode": env.mode,
-                         "leir": info["leir"], "signature": info["signature"], "runtime_s": info["runtime_s"],
-                         "runtime_source": self._source, "obs": features(obs)})
+        self._context = context(env)
+        self.sink.write(reset_record(env, self.episode, self._context, obs, info))
         return obs, info
 
     def step(self, action):
         env = self.env.unwrapped
-        before, runtime_before, groups = env.program, env.runtime_s, env.groups
+        before = Before(env.program, env.runtime_s, self._source, self._obs, env.groups)
         self._steps += 1
         obs, reward, terminated, truncated, info = self.env.step(action)
-        record = self.step_record(env, action, before, runtime_before, groups, obs, reward, terminated,
-                                  truncated, info)
+        record = step_record(env, action, before, obs, reward, terminated, truncated, info, self.episode,
+                             self._steps, self._context, self.verify)
         if record["after"] is not None:
             self._obs, self._source = obs, info.get("runtime_source")
         self.sink.write(record)
         return obs, reward, terminated, truncated, info
 
-    def step_record(self, env, action, before, runtime_before: float, groups, obs, reward: float,
-                    terminated: bool, truncated: bool, info: dict[str, Any]) -> dict[str, Any]:
-        text = info.get("action") or (action if isinstance(action, str) else None)
-        moved = info["error"] is None and text not in (None, "stop")
-        verify = info.get("verify")
-        if moved and verify is None and self.verify:
-            verify = check(env.program, env.workload, env.target, env.oracle.protocol)
-        return {"kind": "step", "episode": self.episode, "step": self._steps, "key": None, **self._context,
-                "action": text,
-                "index": _index(env, action, text, groups), "strategy": info.get("strategy"),
-                "before": {"leir": before.leir, "signature": before.signature.to_json()},
-                "after": {"leir": env.program.leir, "signature": env.program.signature.to_json()} if moved else None,
-                "explain": info.get("explain"), "verify": verify, "runtime_before_s": runtime_before,
-                "runtime_after_s": info["runtime_s"] if moved else None, "source_before": self._source,
-                "source_after": info.get("runtime_source") if moved else None, "reward": float(reward),
-                "error": info["error"], "terminated": bool(terminated), "truncated": bool(truncated),
-                "obs_before": features(self._obs), "obs_after": features(obs) if moved else None}
-
     def close(self) -> None:
         if isinstance(self.sink, JsonlWriter):
             self.sink.close()
         super().close()
+
+
+def header(config: dict[str, Any]) -> dict[str, Any]:
+    """A trajectory file's header fields (less format and version, which `JsonlWriter` adds)."""
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"config": config, "versions": versions(), "created": created}
 
 
 def _index(env, action, text: str | None, groups) -> int | None:

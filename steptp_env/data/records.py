@@ -7,14 +7,17 @@ Records (`kind`):
 - `header`: first line of a file. `format` ("steptp-trajectory"), `version`, `config` (what produced the
   file: env or generator settings), `versions` (steptp_env, tvm, torch, numpy).
 - `reset`: an episode starts. `episode` (id, a string), `workload`, `preset`, `dtype`, `target`, `mode`,
-  `leir`, `signature`, `runtime_s`, `runtime_source`, `obs` (the numeric features, or null).
+  `leir`, `signature`, `runtime_s`, `runtime_source`, `obs` (the numeric features, or null), `legal` (the
+  catalog indices the action mask allows, or null).
 - `step`: one env step. `episode`, `step` (1-based number of the attempt in its episode; failed attempts
   count), `key` (generator work key or null), `workload`,
   `preset`, `dtype`, `target`, `action` (action text, or `leir:` + a free-form program), `index` (catalog
   index or null), `strategy`, `before` and `after` (`{"leir", "signature"}`; `after` null when the step
   failed), `explain`, `verify` (the report as a dict, or null when not verified), `runtime_before_s`,
   `runtime_after_s`, `source_before`, `source_after` (`measured`, `stored` or `predicted`), `reward`,
-  `error`, `terminated`, `truncated`, `obs_before`, `obs_after`.
+  `error`, `terminated`, `truncated`, `obs_before`, `obs_after` (null after a failed step), `legal_before`,
+  `legal_after`. A search's steps (`steptp run`) also name their `parent` (the `step` they started from;
+  0: the start), `depth` and the budget `spent`: the episode is a tree.
 - `rejected`: a generator's work item that produced no row (`key`, `workload`, `strategy`, `action`,
   `reason`), kept so a restart skips it.
 - `done`: a generator finished all work of a workload (`key`: workload, preset, dtype, target).
@@ -95,11 +98,22 @@ def trajectory_files(paths: Iterable[Path | str]) -> list[Path]:
 
 def load_steps(paths: Iterable[Path | str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(headers, step records) of trajectory files. Each record gets `source` (folder and file name) so
-    that episode ids stay distinct across files."""
+    that episode ids stay distinct across files. A file that is not a trajectory file (its first line is
+    not a `header` of this format), and a folder without any, is a `ValueError` naming it: an export of
+    nothing is never a silent success."""
     headers, steps = [], []
-    for path in trajectory_files(paths):
+    paths = list(paths)
+    files = trajectory_files(paths)
+    if not files:
+        raise ValueError(f"no .jsonl files in {', '.join(map(str, paths))}: expected trajectory files "
+                         "(Recorder, steptp generate's steps.jsonl, steptp run's trajectory.jsonl)")
+    for path in files:
         source = f"{path.parent.name}/{path.name}"
-        for record in read_records(path):
+        for number, record in enumerate(read_records(path)):
+            if number == 0 and not (record.get("kind") == "header" and record.get("format") == FORMAT):
+                raise ValueError(f"{path} is not a trajectory file: its first line should be a header with "
+                                 f'"format": "{FORMAT}" (written by Recorder, steptp generate and steptp run; '
+                                 "a run folder from before 0.4 holds the search log instead)")
             if record.get("kind") == "header":
                 headers.append(dict(record, source=source))
             elif record.get("kind") == "step":

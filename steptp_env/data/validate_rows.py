@@ -21,7 +21,7 @@ from ..ir.program import Program
 from ..measure import Protocol
 from ..strategies import identify
 from .prompts import parse_prompt
-from .verification import check_many
+from .verification import Checked, check_many
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
@@ -102,8 +102,10 @@ def _plan(row: dict[str, Any], result: RowCheck, references: _References) -> lis
     return todo
 
 
-def validate_rows(rows: Iterable[dict[str, Any]], workers: int = 1, protocol: Protocol | None = None) -> list[RowCheck]:
-    """Check every row (see the module docstring); verification runs `workers` builds at once."""
+def validate_rows(rows: Iterable[dict[str, Any]], workers: int = 1, protocol: Protocol | None = None,
+                  checked: Checked | None = None) -> list[RowCheck]:
+    """Check every row (see the module docstring); verification runs `workers` builds at once and calls
+    `checked(done, total)` after each answer's."""
     references = _References()
     results, todo = [], []
     for row in rows:
@@ -114,16 +116,16 @@ def validate_rows(rows: Iterable[dict[str, Any]], workers: int = 1, protocol: Pr
             result.errors.append(f"unreadable row: {type(exc).__name__}: {exc}")
         results.append(result)
     reports = check_many([(program, reference) for _, _, program, reference in todo],
-                         protocol=protocol or Protocol(threads=1), workers=workers)
+                         protocol=protocol or Protocol(threads=1), workers=workers, checked=checked)
     for (result, number, _, _), report in zip(todo, reports):
         if not report.get("equivalent"):
             result.errors.append(f"answer {number}: not equivalent to the reference: {report.get('reason')}")
     return results
 
 
-def validate_file(path: Path | str, workers: int = 1) -> list[RowCheck]:
+def validate_file(path: Path | str, workers: int = 1, checked: Checked | None = None) -> list[RowCheck]:
     with open(path) as f:
-        return validate_rows((json.loads(line) for line in f if line.strip()), workers)
+        return validate_rows((json.loads(line) for line in f if line.strip()), workers, checked=checked)
 
 
 def main(argv: list[str] | None = None) -> int:

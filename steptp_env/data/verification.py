@@ -9,7 +9,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import gc
 import queue
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 from ..ir.program import Program, program_bytes
 from ..measure import Protocol, measure
@@ -38,11 +39,27 @@ def check(program: Program, reference: Reference, target: str = "llvm", protocol
     return m.verify.to_dict()
 
 
+Checked = Callable[[int, int], None]
+"""`checked(done, total)`: called after each check of a `check_many` call (a progress display)."""
+
+
 def check_many(items: Sequence[tuple[Program, Reference]], target: str = "llvm", protocol: Protocol | None = None,
-               workers: int = 1) -> list[dict[str, Any]]:
+               workers: int = 1, checked: Checked | None = None) -> list[dict[str, Any]]:
     """`check` for each (program, reference), `workers` at once; reports in input order."""
+    done, lock = [0], threading.Lock()
+
+    def count() -> None:
+        if checked is not None:
+            with lock:
+                done[0] += 1
+                checked(done[0], len(items))
+
     if workers <= 1 or len(items) <= 1:
-        return [check(p, r, target, protocol) for p, r in items]
+        reports = []
+        for program, reference in items:
+            reports.append(check(program, reference, target, protocol))
+            count()
+        return reports
     slots: queue.Queue[int] = queue.Queue()
     for slot in range(workers):
         slots.put(slot)
@@ -53,6 +70,7 @@ def check_many(items: Sequence[tuple[Program, Reference]], target: str = "llvm",
             return check(item[0], item[1], target, protocol, slot)
         finally:
             slots.put(slot)
+            count()
 
     with cf.ThreadPoolExecutor(workers) as pool:
         return list(pool.map(one, items))

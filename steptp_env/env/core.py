@@ -30,7 +30,7 @@ from .. import MAX_STEPS
 from ..costmodel import CostModel, default_model
 from ..costmodel.features import SIZE
 from ..errors import StepTPError
-from ..frontend.workload import Workload
+from ..frontend.workload import Workload, is_saved_workload
 from ..ir.canonical import canonical_text
 from ..ir.program import Program
 from ..measure import Protocol, ResultStore, measure_pair
@@ -73,11 +73,20 @@ def _protocol(mode: str, protocol: Protocol | None, model: CostModel | None) -> 
     return protocol
 
 
+def _shown(value: object) -> str:
+    """A policy's action as a message shows it: NumPy scalars and arrays as the Python values they hold
+    (`1.5`, `[1, 2]`), not `np.float64(1.5)`."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.tolist()
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 class StepTPEnv(gym.Env):
     """Gymnasium environment over LEIR programs. See the module docstring and README for the contract.
 
-    workload: a suite URI, a glob over suite URIs (`level1/*softmax*`), a list of URIs, or a `Workload`
-    (e.g. from `from_torch`); with several, `reset` samples one with its seed (or takes
+    workload: a suite URI, a glob over suite URIs (`level1/*softmax*`), a list of URIs, a `Workload` (e.g.
+    from `from_torch`) or the folder `Workload.save` wrote; with several, `reset` samples one with its seed (or takes
     `options={"workload": uri}`). mode: `measure`, `model` or `hybrid`. action_mode: `index` (Discrete over
     the fixed catalog; an action text is accepted in both modes) or `text`. obs_mode: `vector` (Dict of
     features and action mask, for SB3) or `text`. uncertainty_penalty: a step paid on a predicted runtime
@@ -90,18 +99,24 @@ class StepTPEnv(gym.Env):
     refused in every action form (penalty, state unchanged), so loops of undo and redo cannot farm rewards,
     and its index is masked in that state from then on (`"refuse"`, the default); `"mask"` also applies
     every candidate of each new state up front, so the mask holds none of them before any is tried (about
-    2 ms per candidate: hundreds of ms per state at `small`); `"allow"` permits them.
+    2 ms per candidate: hundreds of ms per state at `small`); `"allow"` permits them. claim_penalty: a
+    Step-TP answer whose `applied_strategy` is not what `identify` finds in its program (a free-form rewrite
+    finds none) is still evaluated as the program it is, `info["claimed_strategy_matches"]` is False, and
+    this is taken off its reward (`info["claim_penalty"]`), for LLM policies whose stated reasoning should
+    match what they do. fresh: time every program again rather than serve a timing the store holds from an
+    earlier run (same code, machine, protocol and workload); the new timings replace the stored ones.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4, "reward_range": (-math.inf, math.inf)}
 
-    def __init__(self, workload: str | Sequence[str] | Workload = "level1/matmul_square", preset: str = "small",
+    def __init__(self, workload: str | Path | Sequence[str] | Workload = "level1/matmul_square", preset: str = "small",
                  mode: str = "hybrid", action_mode: str = "index", obs_mode: str = "vector", target: str = "llvm",
                  dtype: str = "float32", max_steps: int = MAX_STEPS, penalty: float = -1.0,
                  store: ResultStore | str | Path | None = None, model: CostModel | str | Path | None = None,
                  protocol: Protocol | None = None, verify_steps: bool | None = None,
                  render_mode: str | None = None, uncertainty_penalty: float = 0.0,
-                 paired_rewards: bool | None = None, revisits: str = "refuse") -> None:
+                 paired_rewards: bool | None = None, revisits: str = "refuse", claim_penalty: float = 0.0,
+                 fresh: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if action_mode not in ("index", "text") or obs_mode not in ("vector", "text"):
@@ -115,6 +130,9 @@ class StepTPEnv(gym.Env):
         if not uncertainty_penalty >= 0:
             raise ValueError(f"uncertainty_penalty must be >= 0, got {uncertainty_penalty!r}")
         self.uncertainty_penalty = float(uncertainty_penalty)
+        if not claim_penalty >= 0:
+            raise ValueError(f"claim_penalty must be >= 0, got {claim_penalty!r}")
+        self.claim_penalty = float(claim_penalty)
         self.verify_steps = mode != "model" if verify_steps is None else verify_steps
         self.paired_rewards = mode != "model" if paired_rewards is None else bool(paired_rewards)
         if revisits not in REVISITS:
@@ -130,7 +148,7 @@ class StepTPEnv(gym.Env):
             model = CostModel.load(model)
         if model is not None and model.frozen and mode != "model":
             model = model.copy()  # measurements update the model online: on this environment's own copy
-        self.oracle = RuntimeOracle(mode, target, _protocol(mode, protocol, model), store, model)
+        self.oracle = RuntimeOracle(mode, target, _protocol(mode, protocol, model), store, model, fresh=fresh)
         self._workloads: dict[str, Workload] = {} if self._fixed is None else {self._fixed.uri: self._fixed}
 
         if action_mode == "index":
@@ -156,6 +174,8 @@ class StepTPEnv(gym.Env):
     # -- workloads -------------------------------------------------------------------------------------
     @staticmethod
     def _workload_choices(workload) -> tuple[list[str], Workload | None]:
+        if is_saved_workload(workload):
+            workload = Workload.load(workload)
         if isinstance(workload, Workload):
             return [workload.uri], workload
         if isinstance(workload, str):
@@ -231,6 +251,9 @@ class StepTPEnv(gym.Env):
         if estimate.source == "predicted" and self.uncertainty_penalty:
             outcome = dict(outcome, uncertainty_penalty=self.uncertainty_penalty * estimate.spread)
             reward -= outcome["uncertainty_penalty"]
+        if outcome.get("claimed_strategy_matches") is False and self.claim_penalty:
+            outcome = dict(outcome, claim_penalty=self.claim_penalty)
+            reward -= self.claim_penalty
         before = self.program
         self.program, self.runtime_s, self._estimate, self._groups = after, estimate.runtime_s, estimate, None
         self._calibrate(after, estimate)
@@ -271,9 +294,9 @@ class StepTPEnv(gym.Env):
         try:
             index = int(action)
         except (TypeError, ValueError):
-            return {"error": f"index mode expects an integer action, got {action!r}"}
+            return {"error": f"index mode expects an integer action, got {_shown(action)}"}
         if isinstance(action, (float, np.floating)) and index != action:
-            return {"error": f"index mode expects an integer action, got {action!r}"}
+            return {"error": f"index mode expects an integer action, got {_shown(action)}"}
         if not 0 <= index < self.catalog.size:
             return {"error": f"action {index} is outside the catalog [0, {self.catalog.size})"}
         if index == STOP:
@@ -297,14 +320,17 @@ class StepTPEnv(gym.Env):
         except StepTPError as exc:
             return {"error": f"the transformed program is not valid LEIR for this signature: {exc}"}
         labels = identify(self.program, after)
-        if labels:  # the state records the label, so the program is what the label gives: the answer up to
-            # fresh names and cosmetic parentheses, and exactly what a replay of the state reaches
-            outcome = self._evaluate(apply_action(self.program, labels[0]), labels[0].text,
-                                     verify=self._needs_check(labels[0]))
-            outcome["claimed_strategy"] = proposal.claimed_strategy
-            return outcome
-        outcome = self._evaluate(after, "leir:" + after.leir, verify=self._needs_check(None))
-        outcome.update(identified=False, claimed_strategy=proposal.claimed_strategy)
+        claimed = set(proposal.claimed_strategy.split(",")) if proposal.claimed_strategy else set()
+        label = next((found for found in labels if found.strategy in claimed), labels[0] if labels else None)
+        if label is not None:  # the state records the label, so the program is what the label gives: the
+            # answer up to fresh names and cosmetic parentheses, and exactly what a replay of the state reaches
+            outcome = self._evaluate(apply_action(self.program, label), label.text, verify=self._needs_check(label))
+        else:
+            outcome = self._evaluate(after, "leir:" + after.leir, verify=self._needs_check(None))
+            outcome["identified"] = False
+        outcome["claimed_strategy"] = proposal.claimed_strategy
+        if claimed:  # an answer whose reasoning names one transformation and whose program does another
+            outcome["claimed_strategy_matches"] = label is not None and label.strategy in claimed
         return outcome
 
     def _evaluate_action(self, action: Action) -> dict[str, Any]:
@@ -510,7 +536,7 @@ class StepTPEnv(gym.Env):
     def _check_compatible(self, state: EnvState) -> None:
         if state.workload not in self._workloads and self._fixed is None and state.workload not in list_workloads():
             raise ValueError(f"state workload {state.workload!r} is not in the suite; make the env with that "
-                             "Workload (load it with load_workload beside the saved state)")
+                             "workload: its saved folder as the workload (Workload.save), or the Workload itself")
         if (state.target, state.dtype) != (self.target, self.dtype):
             raise ValueError(f"state is for target={state.target}, dtype={state.dtype}; this env has "
                              f"target={self.target}, dtype={self.dtype}")

@@ -43,7 +43,8 @@ class RuntimeOracle:
     front of the store. `fork`ed environments share it (and so the store and the model)."""
 
     def __init__(self, mode: str, target: str, protocol: Protocol, store: ResultStore | None,
-                 model: CostModel | None, spread_limit: float = 0.3, cache_size: int = 4096) -> None:
+                 model: CostModel | None, spread_limit: float = 0.3, cache_size: int = 4096,
+                 fresh: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode != "measure" and model is None:
@@ -56,6 +57,7 @@ class RuntimeOracle:
         self._cache_size = cache_size
         self.counts = {"measured": 0, "stored": 0, "predicted": 0, "paired": 0, "stored pairs": 0}
         self._forced: bool | None = None
+        self.fresh = fresh  # time every program (and pair) again rather than serve the store's timing
 
     @contextlib.contextmanager
     def forcing(self, measure: bool) -> Iterator[None]:
@@ -95,7 +97,7 @@ class RuntimeOracle:
             return self._measured[memo]
         record = key = None
         where = context(workload)
-        if self.store is not None:
+        if self.store is not None and not self.fresh:
             record = self.store.find(workload.uri, program.leir, self.target, self.protocol.key, where)
             if record is None:
                 key = record_key(program, self.target, self.protocol.key, where)
@@ -132,7 +134,7 @@ class RuntimeOracle:
             return found
         text = "\0".join((*memo, self.target, self.protocol.key, context(workload)))
         key = hashlib.sha256(text.encode()).hexdigest()[:32]
-        stored = self.store.get_pair(key) if self.store is not None else None
+        stored = self.store.get_pair(key) if self.store is not None and not self.fresh else None
         if stored is not None:
             found = PairedTiming.from_dict(stored)
             self.counts["stored pairs"] += 1

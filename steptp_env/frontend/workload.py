@@ -18,6 +18,10 @@ from .convert import TORCH_TO_DTYPE, UnsupportedOpError, capture, content_uri, c
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16}
 
 
+MANIFEST = "workload.json"
+"""The file that makes a folder a saved workload: URI, preset, LEIR, signature, origins and input ranges."""
+
+
 @dataclass(frozen=True)
 class InputRange:
     """How fresh values of one user input are drawn: uniform in [low, high] (integers inclusive)."""
@@ -120,13 +124,15 @@ class Workload:
 
     # -- persistence (plain JSON + .npz, and the module as a torch.export archive where it exports) ----
     def save(self, directory: Path) -> Path:
+        """Write the workload to `directory` (created): `workload.json`, `params.npz`, `module.pt2`. The
+        folder is accepted wherever a suite URI is (`get_workload`, `StepTPEnv`, `steptp run --workload`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         meta = {"uri": self.uri, "preset": self.preset, "leir": self.program.leir,
                 "signature": self.program.signature.to_json(),
                 "origin": {k: list(v) for k, v in self.origin.items()},
                 "ranges": {k: [r.low, r.high] for k, r in self.ranges.items()}}
-        (directory / "workload.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (directory / MANIFEST).write_text(json.dumps(meta, indent=1) + "\n")
         np.savez(directory / "params.npz", **self.params)
         try:
             exported = torch.export.export(self.module, self.torch_arguments(self.make_inputs(0)))
@@ -143,7 +149,9 @@ class Workload:
         interpreter. So by default loading a folder someone shared reads JSON and .npz only and runs
         nothing from it."""
         directory = Path(directory)
-        meta = json.loads((directory / "workload.json").read_text())
+        if not is_saved_workload(directory):
+            raise StepTPError(f"{directory} is not a saved workload: it has no {MANIFEST} (Workload.save writes one)")
+        meta = json.loads((directory / MANIFEST).read_text())
         with np.load(directory / "params.npz", allow_pickle=False) as data:
             params = {k: data[k] for k in data.files}
         if module is not None:
@@ -158,6 +166,14 @@ class Workload:
         ranges = {k: InputRange(*v) for k, v in meta["ranges"].items()}
         return cls(meta["uri"], program, module, origin, params,
                    ranges, meta["preset"])
+
+
+def is_saved_workload(path: object) -> bool:
+    """Whether `path` (a str or Path) names a folder that `Workload.save` wrote."""
+    try:
+        return isinstance(path, (str, Path)) and (Path(path) / MANIFEST).is_file()
+    except OSError:  # a name too long for the file system, say: not a folder
+        return False
 
 
 def _default_range(t: torch.Tensor) -> InputRange:

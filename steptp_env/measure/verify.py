@@ -222,7 +222,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyRepo
         if first is None and bad.any():
             i = int(np.argmax(bad))
             first = lo + i
-            detail = f"{a[i]!r} vs {e[i]!r} (allowed {float(allowed[i]):.3g})"
+            detail = f"{float(a[i]):.9g} vs {float(e[i]):.9g} (allowed {float(allowed[i]):.3g})"
     if bad_count:
         return VerifyReport(False, max_abs, max_rel, ("", where(first)),
                             f"{bad_count} element(s) off; at {where(first)}: {detail}")

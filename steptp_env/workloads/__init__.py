@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import difflib
 import zlib
+from pathlib import Path
 
 import torch
 
 from ..errors import StepTPError
-from ..frontend.workload import Workload, from_torch
+from ..frontend.workload import Workload, from_torch, is_saved_workload
 from . import level1, level2  # noqa: F401  (they register the specs)
 from .registry import PRESETS, SPECS, WorkloadSpec, matching
 
@@ -56,10 +57,16 @@ def seed_of(uri: str) -> int:
     return zlib.crc32(uri.encode())
 
 
-def get_workload(uri: str, preset: str = "small", dtype: str = "float32") -> Workload:
+def get_workload(uri: str | Path, preset: str = "small", dtype: str = "float32") -> Workload:
     """Build the suite workload `uri` at `preset` (tiny, small, default) in `dtype` (float32, float64,
     float16). Raises `UnknownWorkloadError` for an unknown URI or preset, `UnsupportedOpError` when the
-    frontend cannot translate the module."""
+    frontend cannot translate the module.
+
+    `uri` may also be the folder of a saved workload (`Workload.save`): it is loaded as it was saved, its
+    preset with it, without running anything from the folder (`Workload.load`); a `dtype` other than the
+    saved program's is refused."""
+    if is_saved_workload(uri):
+        return _saved_workload(str(uri), dtype)
     uri = ALIASES.get(uri, uri)
     entry = spec(uri)
     if preset not in entry.presets:
@@ -69,6 +76,15 @@ def get_workload(uri: str, preset: str = "small", dtype: str = "float32") -> Wor
         case = entry.case(preset)
     return from_torch(case.module, [a.tensor for a in case.args], dtype=dtype, uri=uri, preset=preset,
                       input_ranges=[a.range for a in case.args])
+
+
+def _saved_workload(folder: str, dtype: str) -> Workload:
+    workload = Workload.load(folder)
+    saved = sorted({t.dtype for t in workload.program.signature.tensors if t.dtype.startswith("float")})
+    if saved and dtype not in saved:
+        raise UnknownWorkloadError(f"the workload saved in {folder} is {', '.join(saved)}, not {dtype}: pass "
+                                   f"dtype={saved[0]!r} (--dtype {saved[0]}) or save it in {dtype}")
+    return workload
 
 
 def list_workloads(filter: str | None = None) -> list[str]:  # noqa: A002  (the documented name)
