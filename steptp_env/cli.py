@@ -414,7 +414,10 @@ def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output fold
                   strategy: Optional[list[str]] = typer.Option(None, "--strategy", "-s", help="only these strategies"),
                   workers: int = typer.Option(2, help="programs built and verified at once"),
                   seed: int = typer.Option(0),
-                  time_limit: Optional[float] = typer.Option(None, help="stop after this many seconds")) -> None:
+                  time_limit: Optional[float] = typer.Option(None, help="stop after this many seconds"),
+                  ray: Optional[str] = typer.Option(None, "--ray", help="spread the workloads over Ray actors: "
+                                                    "'local' starts Ray here, else a cluster address"),
+                  actors: int = typer.Option(2, help="with --ray: actors (one CPU and one workload each)")) -> None:
     """Generate verified steps over workloads x strategies into OUT/steps.jsonl (resumable); print the
     per-strategy statistics."""
     import random
@@ -438,8 +441,8 @@ def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output fold
             update(result.workloads_done, f"{uri}: {result.written} rows, {result.rejected} rejected")
 
         try:
-            result = generate(config, out, time_limit, advance)
-        except ValueError as exc:
+            result = generate(config, out, time_limit, advance, ray=ray, actors=actors)
+        except (ValueError, ImportError) as exc:
             _fail(exc)
     hours = (time.monotonic() - start) / 3600
     rows = {n: (result.rows_by_strategy.get(n, 0), result.rejected_by_strategy.get(n, 0))
@@ -449,6 +452,8 @@ def generate_rows(out: Path = typer.Option(..., "--out", "-o", help="output fold
     console.print(f"this run: {result.written} rows written ({result.written / max(hours, 1e-9):.0f}/hour), "
                   f"{result.rejected} rejected, {result.skipped} already done; {result.workloads_done}/{len(uris)} "
                   f"workloads finished" + (" (stopped at the time limit)" if result.stopped_early else ""))
+    for lost in result.lost:
+        console.print(f"[red]lost[/red] {escape(lost)} (its Ray actor died; run again to do it)")
     (out / "stats.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
 
 

@@ -89,6 +89,7 @@ class GenerateResult:
     rows_by_strategy: Counter = field(default_factory=Counter)
     rejected_by_strategy: Counter = field(default_factory=Counter)
     rows_by_workload: Counter = field(default_factory=Counter)
+    lost: list[str] = field(default_factory=list)  # workloads whose Ray actor died (not done: a rerun does them)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: dict(sorted(v.items())) if isinstance(v, Counter) else v for k, v in vars(self).items()}
@@ -124,15 +125,22 @@ def _names(config: GenerateConfig) -> list[str]:
 
 
 class _Generator:
-    def __init__(self, config: GenerateConfig, out: Path, deadline: float | None) -> None:
+    """Generates workloads into `out/steps.jsonl`, or, with a `sink`, into the sink alone (a Ray actor's
+    records for one workload, which the driver writes when the whole workload is done)."""
+
+    def __init__(self, config: GenerateConfig, out: Path, deadline: float | None, sink: Any = None) -> None:
         from ..costmodel import default_model
 
         self.config, self.deadline = config, deadline
         self.path = out / STEPS_FILE
-        self.keys, self.finished = _read_existing(self.path, config)
-        created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        self.writer = JsonlWriter(self.path, {"config": _jsonable(asdict(config)), "versions": versions(),
-                                              "created": created})
+        if sink is None:
+            self.keys, self.finished = _read_existing(self.path, config)
+            created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            sink = JsonlWriter(self.path, {"config": _jsonable(asdict(config)), "versions": versions(),
+                                           "created": created})
+        else:
+            self.keys, self.finished = {}, set()
+        self.writer = sink
         self.store = ResultStore(out / "store.sqlite")
         # model mode shares the frozen packaged model; hybrid learns online, on one copy for the whole run
         self.model = None if config.mode == "measure" else default_model()
@@ -270,9 +278,15 @@ def _after_program(record: dict[str, Any]):
 
 
 def generate(config: GenerateConfig, out: Path | str, time_limit: float | None = None,
-             progress: Callable[[str, GenerateResult], None] | None = None) -> GenerateResult:
+             progress: Callable[[str, GenerateResult], None] | None = None, ray: str | None = None,
+             actors: int = 2) -> GenerateResult:
     """Generate into `out` (see the module docstring); stops between batches once `time_limit` seconds
-    have passed. `progress(uri, result)` is called after each workload."""
+    have passed. `progress(uri, result)` is called after each workload. With `ray` ("local" or a cluster
+    address), workloads go to `actors` Ray actors instead (`generate_ray`)."""
+    if ray is not None:
+        from .generate_ray import generate_ray
+
+        return generate_ray(config, out, ray, actors, time_limit, progress)
     out = Path(out)
     start = time.monotonic()
     gen = _Generator(config, out, None if time_limit is None else start + time_limit)

@@ -105,6 +105,8 @@ class StepTPEnv(gym.Env):
     this is taken off its reward (`info["claim_penalty"]`), for LLM policies whose stated reasoning should
     match what they do. fresh: time every program again rather than serve a timing the store holds from an
     earlier run (same code, machine, protocol and workload); the new timings replace the stored ones.
+    remote: `rpc://host:port/key`, measure on a free device of that RPC tracker's farm (`measure.farm`;
+    stored apart from this machine's timings, and not paired).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4, "reward_range": (-math.inf, math.inf)}
@@ -116,7 +118,7 @@ class StepTPEnv(gym.Env):
                  protocol: Protocol | None = None, verify_steps: bool | None = None,
                  render_mode: str | None = None, uncertainty_penalty: float = 0.0,
                  paired_rewards: bool | None = None, revisits: str = "refuse", claim_penalty: float = 0.0,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, remote: str | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if action_mode not in ("index", "text") or obs_mode not in ("vector", "text"):
@@ -134,7 +136,10 @@ class StepTPEnv(gym.Env):
             raise ValueError(f"claim_penalty must be >= 0, got {claim_penalty!r}")
         self.claim_penalty = float(claim_penalty)
         self.verify_steps = mode != "model" if verify_steps is None else verify_steps
-        self.paired_rewards = mode != "model" if paired_rewards is None else bool(paired_rewards)
+        if remote is not None and paired_rewards:
+            raise ValueError("paired_rewards time two programs in one worker run on this machine; with remote "
+                             "devices each step is measured alone (paired_rewards=False)")
+        self.paired_rewards = mode != "model" and remote is None if paired_rewards is None else bool(paired_rewards)
         if revisits not in REVISITS:
             raise ValueError(f"revisits must be one of {', '.join(REVISITS)}, got {revisits!r}")
         self.revisits = revisits
@@ -148,7 +153,8 @@ class StepTPEnv(gym.Env):
             model = CostModel.load(model)
         if model is not None and model.frozen and mode != "model":
             model = model.copy()  # measurements update the model online: on this environment's own copy
-        self.oracle = RuntimeOracle(mode, target, _protocol(mode, protocol, model), store, model, fresh=fresh)
+        self.oracle = RuntimeOracle(mode, target, _protocol(mode, protocol, model), store, model, fresh=fresh,
+                                    remote=remote)
         self._workloads: dict[str, Workload] = {} if self._fixed is None else {self._fixed.uri: self._fixed}
 
         if action_mode == "index":
@@ -461,6 +467,8 @@ class StepTPEnv(gym.Env):
             if m is not None and m.verify is not None:
                 info["verify"] = m.verify.to_dict()
                 info["measure_phases_s"] = {"build": m.build_s, "verify": m.verify_s, "time": m.time_s}
+            if m is not None and m.device is not None:
+                info["device"] = m.device  # the RPC server that measured it
         info.update(extra)
         return info
 

@@ -44,7 +44,7 @@ class RuntimeOracle:
 
     def __init__(self, mode: str, target: str, protocol: Protocol, store: ResultStore | None,
                  model: CostModel | None, spread_limit: float = 0.3, cache_size: int = 4096,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, remote: str | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode != "measure" and model is None:
@@ -58,6 +58,7 @@ class RuntimeOracle:
         self.counts = {"measured": 0, "stored": 0, "predicted": 0, "paired": 0, "stored pairs": 0}
         self._forced: bool | None = None
         self.fresh = fresh  # time every program (and pair) again rather than serve the store's timing
+        self.remote = remote  # rpc://host:port/key: measurements run on a device of that tracker's farm
 
     @contextlib.contextmanager
     def forcing(self, measure: bool) -> Iterator[None]:
@@ -96,7 +97,7 @@ class RuntimeOracle:
         if memo in self._measured:
             return self._measured[memo]
         record = key = None
-        where = context(workload)
+        where = context(workload) + (f"|remote={self.remote}" if self.remote else "")
         if self.store is not None and not self.fresh:
             record = self.store.find(workload.uri, program.leir, self.target, self.protocol.key, where)
             if record is None:
@@ -112,7 +113,7 @@ class RuntimeOracle:
                 if self.model is not None and estimate.error is None:
                     self.model.update([stored.rows], [estimate.runtime_s], [record["key"]], [workload.uri])
         else:
-            m = measure(program, workload, self.target, self.protocol)
+            m = measure(program, workload, self.target, self.protocol, remote=self.remote)
             self.counts["measured"] += 1
             feats = self.features(program) if m.ok else None
             key = key or record_key(program, self.target, self.protocol.key, where)

@@ -24,7 +24,7 @@ from ..errors import StepTPError
 from ..ir.program import Program
 from .context import versions
 from .verify import Reference, VerifyReport, verify
-from .worker import MeasureWorker, _build, _build_remote, _run, _time, kernel_key
+from .worker import MeasureWorker, _build, _release, _run, _time, _upload, kernel_key
 
 
 def _default_threads() -> int:
@@ -49,6 +49,11 @@ class Protocol:
     def key(self) -> str:
         """What makes two timings comparable (timeouts and verify seeds do not)."""
         return f"threads={self.threads};repeat={self.repeat};number={self.number};min_seconds={self.min_seconds}"
+
+
+UPLOAD = "upload to an RPC device"
+"""The phase of a remote measurement that leases the device: a failure there is the device's, not the
+program's (`measure.farm` sends such a measurement again)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class Measurement:
     build_s: float = 0.0
     verify_s: float = 0.0
     time_s: float = 0.0
+    device: str | None = None  # host:port of the RPC server that ran it (None: this machine)
 
     @property
     def ok(self) -> bool:
@@ -148,7 +154,8 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
             timing: bool = True) -> Measurement:
     """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
     it if it is equivalent. With `remote` (a `Remote` or `rpc://host:port/key`) the kernel runs on a device
-    leased from that RPC tracker. `timing=False` stops after verification (no timings). Never raises for a bad program: failures come back with `error` set."""
+    leased from that RPC tracker for the measurement (`device` names it). `timing=False` stops after
+    verification (no timings). Never raises for a bad program: failures come back with `error` set."""
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
     if isinstance(remote, str):
@@ -160,11 +167,11 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
 
     phase = "build"
     try:
-        if remote is None:
-            m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
-        else:
-            m.build_s = worker.call(_build_remote, key, program.leir, signature, target, (remote.host, remote.port),
-                                    remote.key, remote.session_timeout, timeout=protocol.build_timeout)
+        m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+        if remote is not None:
+            phase = UPLOAD
+            m.device = worker.call(_upload, key, (remote.host, remote.port), remote.key, remote.session_timeout,
+                                   timeout=protocol.build_timeout)
         run_reference = None
         if isinstance(workload, Program) and remote is None:  # a reference program runs in the worker too
             phase = "build of the reference program"
@@ -185,7 +192,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
             return m
         phase = "timing"
         inputs = _inputs_for_timing(program, workload, protocol)
-        with timing_lock():
+        with timing_lock() if remote is None else contextlib.nullcontext():  # a device is timed alone anyway
             start = time.perf_counter()
             m.load_average = os.getloadavg()
             *timings, number = worker.call(_time, key, inputs, protocol.number, protocol.repeat,
@@ -194,7 +201,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         m.number = int(number)
         m.timings = [t for t in timings]
     except TimeoutError:
-        limit = protocol.build_timeout if phase.startswith("build") else protocol.run_timeout
+        limit = protocol.build_timeout if phase.startswith("build") or phase == UPLOAD else protocol.run_timeout
         m.error = f"{phase} timed out (limit {limit:.0f} s)"
     except ChildProcessError:
         m.error = f"{phase} crashed: the worker process died (segfault, abort or out of memory)"
@@ -202,6 +209,10 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         m.error = f"{phase} failed: {exc}"
     except Exception as exc:  # whatever TVM raises in the child comes back here
         m.error = f"{phase} failed: {type(exc).__name__}: {str(exc)[-1500:]}"
+    finally:
+        if remote is not None:  # end the lease: the tracker gives the device to the next request
+            with contextlib.suppress(Exception):
+                worker.call(_release, key, timeout=protocol.run_timeout)
     return m
 
 
@@ -214,9 +225,15 @@ def _inputs_for_timing(program: Program, workload: Reference, protocol: Protocol
 
 
 def measure_many(programs: Sequence[Program], workload: Reference, target: str = "llvm",
-                 protocol: Protocol | None = None, workers: int = 1) -> list[Measurement]:
+                 protocol: Protocol | None = None, workers: int = 1,
+                 remote: Remote | str | None = None) -> list[Measurement]:
     """Measure several programs, building in up to `workers` processes at once; timings stay serial (a
-    shared lock), so parallel builds do not disturb them. Results are in input order."""
+    shared lock), so parallel builds do not disturb them. Results are in input order. With `remote`, on
+    the RPC farm behind that tracker instead, one measurement per device at a time (`measure.farm`)."""
+    if remote is not None:
+        from .farm import measure_farm
+
+        return measure_farm(programs, workload, remote, target, protocol).results
     protocol = protocol or Protocol()
     if workers <= 1:
         return [measure(p, workload, target, protocol) for p in programs]

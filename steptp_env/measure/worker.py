@@ -229,26 +229,39 @@ class MeasureWorker:
         self._worker.kill()
 
 
-def _build_remote(key: str, leir: str, signature: list, target: str, tracker: tuple[str, int], device_key: str,
-                  session_timeout: float) -> float:
-    """Child side: build here, then upload to a device leased from an RPC tracker and load it there."""
+def _upload(key: str, tracker: tuple[str, int], device_key: str, session_timeout: float) -> str:
+    """Child side: lease a device from an RPC tracker, upload the kernel built under `key` and load it there;
+    the device's host:port. The lease lasts until `_release(key)`."""
     import tempfile
-    import time
 
-    from tvm import rpc
-
-    from ..ir.program import Program
-    from .build import build
-
-    start = time.perf_counter()
-    kernel = build(Program.parse(leir, signature), target)
-    session = rpc.connect_tracker(*tracker).request(device_key, session_timeout=session_timeout)
+    kernel = _KERNELS[key]
+    session, device = _lease(tracker, device_key, session_timeout)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/{key}.so"
         kernel.executable.export_library(path)
         session.upload(path)
     kernel.attach_remote(session, session.load_module(f"{key}.so"), session.cpu())
-    _KERNELS[key] = kernel
-    while len(_KERNELS) > _KEEP:
-        _KERNELS.popitem(last=False)
-    return time.perf_counter() - start
+    return device
+
+
+def _lease(tracker: tuple[str, int], device_key: str, session_timeout: float):
+    """(an RPC session, 'host:port' of its server): TVM's `TrackerSession.request` without its retry
+    loop, which does not say which server the tracker chose."""
+    from tvm import rpc
+    from tvm.rpc import base
+
+    client = rpc.connect_tracker(*tracker)
+    try:
+        base.sendjson(client._sock, [base.TrackerCode.REQUEST, device_key, "", 1])
+        value = base.recvjson(client._sock)
+    finally:
+        client.close()
+    if value[0] != base.TrackerCode.SUCCESS:
+        raise RuntimeError(f"the tracker refused a {device_key} device: {value}")
+    host, port, match = value[1]
+    return rpc.connect(host, port, match, session_timeout=session_timeout), f"{host}:{port}"
+
+
+def _release(key: str) -> None:
+    """Child side: drop a kernel (and so the RPC session, the device's lease, that a remote kernel holds)."""
+    _KERNELS.pop(key, None)
