@@ -8,9 +8,13 @@ node goes to the handler registered for its target in `HANDLERS`; a node without
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
-from typing import Any, Callable, Sequence
+import os
+import sys
+import tempfile
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +34,9 @@ class UnsupportedOpError(StepTPError):
         detail = f": {why}" if why else ""
         where = f" at node {node!r}" if node else ""
         src = f" ({source})" if source else ""
-        super().__init__(f"unsupported op {op}{where}{src}{detail}")
+        listed = (" (the supported ones: docs/supported_ops.md, or `python -m steptp_env.frontend.supported_ops`)"
+                  if op.startswith("aten.") else "")
+        super().__init__(f"unsupported op {op}{where}{src}{detail}{listed}")
 
 
 def handles(*targets: str) -> Callable[[Handler], Handler]:
@@ -77,7 +83,8 @@ def capture(module: torch.nn.Module, args: tuple) -> tuple[torch.fx.Graph, dict[
     `torch.export` first; where it fails for a reason other than a data-dependent shape, `torch.fx`
     symbolic tracing followed by `make_fx`, which gives an ATen graph with parameters as attributes."""
     try:
-        ep = torch.export.export(module, args)
+        with _stderr_held_back():
+            ep = torch.export.export(module, args)
     except Exception as exc:  # export raises many error types for data-dependent or untraceable code
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "data-dependent" in str(exc) or "DataDependent" in type(exc).__name__:
@@ -99,6 +106,25 @@ def capture(module: torch.nn.Module, args: tuple) -> tuple[torch.fx.Graph, dict[
         raise UnsupportedOpError("in-place mutation of an input", mutations[0].arg.name,
                                  why="the module writes one of its inputs or buffers")
     return ep.graph, kinds, state
+
+
+@contextlib.contextmanager
+def _stderr_held_back() -> Iterator[None]:
+    """File descriptor 2 goes to a temporary file inside the block, and out to the real stderr after it only
+    if the block did not raise: a failed `torch.export` (a guard on a data-dependent value) prints the
+    graph around the guard there, tens of lines, before raising the error `capture` turns into one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)  # reached only without an exception: pass export's warnings on
+        sys.stderr.write(held.read().decode(errors="replace"))
 
 
 def _capture_with_fx(module: torch.nn.Module, args: tuple, export_error: str):
