@@ -71,3 +71,30 @@ def test_walks_chain_and_resume(tmp_path):
         assert all(a["after"] == b["before"] for a, b in zip(walk, walk[1:]))
     again = generate(config, tmp_path)
     assert again.written == again.rejected == 0 and _steps(tmp_path / "steps.jsonl") == steps
+
+
+def test_a_timed_out_verification_is_tried_again_on_resume(tmp_path, monkeypatch):
+    """A build that passes its timeout on a loaded machine says nothing about the program: the step is
+    written as a transient rejection, its workload is not done, and the next run verifies it again."""
+    from steptp_env.data import generate as module
+    from steptp_env.data.generate import GenerateConfig, generate
+
+    config = GenerateConfig(("level1/relu",), preset="tiny", per_strategy=1, workers=1,
+                            strategies=("loop_split", "loop_reorder"))
+    check_many = module.check_many
+
+    def first_times_out(items, *args, **kwargs):
+        reports = check_many(items, *args, **kwargs)
+        return [{"equivalent": False, "reason": "build timed out (limit 120 s)"}] + reports[1:]
+
+    monkeypatch.setattr(module, "check_many", first_times_out)
+    generate(config, tmp_path)
+    records = list(read_records(tmp_path / module.STEPS_FILE))
+    transient = [r for r in records if r["kind"] == "rejected"]
+    assert len(transient) == 1 and transient[0]["transient"] and not [r for r in records if r["kind"] == "done"]
+    monkeypatch.setattr(module, "check_many", check_many)
+    again = generate(config, tmp_path)
+    assert again.written == 1 and again.workloads_done == 1
+    steps = _steps(tmp_path / module.STEPS_FILE)
+    assert transient[0]["key"] in {s["key"] for s in steps} and len(steps) == len({s["key"] for s in steps})
+    assert generate(config, tmp_path).written == 0  # now done

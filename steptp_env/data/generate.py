@@ -11,7 +11,9 @@ processes, `workers` builds at once (the env's model mode does not verify). Only
 written as `step` records; a step that fails is written as a `rejected` record with its reason, and ends
 its walk. Every record carries its work key (workload, preset, dtype, target, action path), and a
 workload whose work is all written gets a `done` record: a restart reads the file and skips all of that,
-so a killed run loses only unwritten work and never duplicates a row.
+so a killed run loses only unwritten work and never duplicates a row. A verification that timed out or
+whose worker died is written as a rejection marked `transient`, and its workload is not marked done: a
+restart tries that step again (on a loaded machine a build can pass its timeout).
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def _read_existing(path: Path, config: GenerateConfig) -> tuple[dict[str, str], 
                                  "use another output folder")
         elif record["kind"] == "done":
             finished.add(record["key"])
-        elif record.get("key"):
+        elif record.get("key") and not record.get("transient"):
             keys[record["key"]] = record["kind"]
     return keys, finished
 
@@ -148,6 +150,7 @@ class _Generator:
             self.model = self.model.copy()
         self.protocol = Protocol(threads=1)
         self.result = GenerateResult()
+        self.retry = False  # this workload has a transient failure to try again
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -241,7 +244,12 @@ class _Generator:
                 self.writer.write(record)
                 self.keys[record["key"]] = "step"
                 self.result.written += 1
-            if job.rejected is not None:
+            if job.rejected is not None and _transient(job.rejected["reason"]):
+                job.rejected["transient"] = True  # kept as a record, not as a verdict: a rerun tries it again
+                self.writer.write(job.rejected)
+                self.retry = True
+                self.result.rejected += 1
+            elif job.rejected is not None:
                 self.writer.write(job.rejected)
                 self.keys[job.rejected["key"]] = "rejected"
                 self.result.rejected += 1
@@ -263,12 +271,23 @@ class _Generator:
             batches = [jobs[i:i + chunk] for i in range(0, len(jobs), chunk)]
         else:
             batches = [[self.walk_job(env, uri, w)] for w in range(self.config.walks)]
+        self.retry = False
         for batch in batches:
             if self.expired():
                 return False
             self.finish(batch, workload)
-        self.writer.write({"kind": "done", "key": self.config.prefix(uri)})
+        if not self.retry:  # a workload with work to try again is not done: a rerun plans it again
+            self.writer.write({"kind": "done", "key": self.config.prefix(uri)})
         return True
+
+
+TRANSIENT = ("timed out", "crashed: the worker process died")
+"""Verification failures that say more about the machine at the time (load, memory) than about the program:
+written with `transient: true`, so a resumed run tries the step again instead of skipping it."""
+
+
+def _transient(reason: str) -> bool:
+    return any(marker in reason for marker in TRANSIENT)
 
 
 def _after_program(record: dict[str, Any]):

@@ -109,7 +109,7 @@ def generate_ray(config: GenerateConfig, out: Path | str, address: str = "local"
                 continue
             for record in records:
                 driver.writer.write(record)
-                if record.get("key") and record["kind"] != "done":
+                if record.get("key") and record["kind"] != "done" and not record.get("transient"):
                     driver.keys[record["key"]] = record["kind"]
             result.written += counts["written"]
             result.rejected += counts["rejected"]
