@@ -686,12 +686,13 @@ def workloads_show(uri: str = typer.Argument(..., help="a workload URI, e.g. lev
 
     try:
         wl = get_workload(uri, preset, dtype)
-        about = (f"saved as {escape(wl.uri)}, preset {wl.preset})" if is_saved_workload(uri)
-                 else f"{spec(uri).family}, preset {preset}, {dtype}): {escape(spec(uri).doc)}")
+        entry = None if is_saved_workload(uri) else spec(uri)
+        about = (f"saved as {escape(wl.uri)}, preset {wl.preset})" if entry is None
+                 else f"{entry.family}, preset {preset}, {dtype}): {escape(entry.doc)}")
     except StepTPError as exc:
         _fail(exc)
     program = wl.program
-    console.print(f"[bold]{escape(uri)}[/bold] ({about}")
+    console.print(f"[bold]{escape(uri)}[/bold] ({about}", soft_wrap=True)  # a folder path is not cut at 80 columns
     print(program.leir)
     table = Table(title="signature")
     for col in ("name", "role", "shape", "dtype", "origin", "range"):

@@ -112,9 +112,16 @@ def _read_existing(path: Path, config: GenerateConfig) -> tuple[dict[str, str], 
                                  "use another output folder")
         elif record["kind"] == "done":
             finished.add(record["key"])
-        elif record.get("key") and not record.get("transient"):
-            keys[record["key"]] = record["kind"]
+        else:
+            _remember(keys, record)
     return keys, finished
+
+
+def _remember(keys: dict[str, str], record: dict[str, Any]) -> None:
+    """Note a written record's work key as done (a step, or a rejection that is a verdict on the program),
+    so a resumed run skips it; a transient rejection is not one."""
+    if record.get("key") and record["kind"] in ("step", "rejected") and not record.get("transient"):
+        keys[record["key"]] = record["kind"]
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
@@ -244,14 +251,12 @@ class _Generator:
                 self.writer.write(record)
                 self.keys[record["key"]] = "step"
                 self.result.written += 1
-            if job.rejected is not None and _transient(job.rejected["reason"]):
-                job.rejected["transient"] = True  # kept as a record, not as a verdict: a rerun tries it again
+            if job.rejected is not None:
+                if _transient(job.rejected["reason"]):
+                    job.rejected["transient"] = True  # kept as a record, not as a verdict: a rerun tries it again
+                    self.retry = True
                 self.writer.write(job.rejected)
-                self.retry = True
-                self.result.rejected += 1
-            elif job.rejected is not None:
-                self.writer.write(job.rejected)
-                self.keys[job.rejected["key"]] = "rejected"
+                _remember(self.keys, job.rejected)
                 self.result.rejected += 1
 
     def run_workload(self, uri: str) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .generate import GenerateConfig, GenerateResult, _count, _Generator
+from .generate import GenerateConfig, GenerateResult, _count, _Generator, _remember
 
 
 class _Collect(list):
@@ -109,8 +109,7 @@ def generate_ray(config: GenerateConfig, out: Path | str, address: str = "local"
                 continue
             for record in records:
                 driver.writer.write(record)
-                if record.get("key") and record["kind"] != "done" and not record.get("transient"):
-                    driver.keys[record["key"]] = record["kind"]
+                _remember(driver.keys, record)
             result.written += counts["written"]
             result.rejected += counts["rejected"]
             result.skipped += counts["skipped"]

@@ -6,15 +6,13 @@ compares it with the reference here. Parallel checks each get their own worker p
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import gc
-import queue
 import threading
 from typing import Any, Callable, Sequence
 
 from ..ir.program import Program, program_bytes
 from ..measure import Protocol, measure
-from ..measure.runner import worker_for
+from ..measure.runner import map_in_slots, worker_for
 from ..measure.verify import Reference
 
 
@@ -54,23 +52,12 @@ def check_many(items: Sequence[tuple[Program, Reference]], target: str = "llvm",
                 done[0] += 1
                 checked(done[0], len(items))
 
-    if workers <= 1 or len(items) <= 1:
-        reports = []
-        for program, reference in items:
-            reports.append(check(program, reference, target, protocol))
-            count()
-        return reports
-    slots: queue.Queue[int] = queue.Queue()
-    for slot in range(workers):
-        slots.put(slot)
-
-    def one(item: tuple[Program, Reference]) -> dict[str, Any]:
-        slot = slots.get()
+    def one(item: tuple[Program, Reference], slot: int = 0) -> dict[str, Any]:
         try:
             return check(item[0], item[1], target, protocol, slot)
         finally:
-            slots.put(slot)
             count()
 
-    with cf.ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(one, items))
+    if workers <= 1 or len(items) <= 1:
+        return [one(item) for item in items]
+    return map_in_slots(one, items, workers)

@@ -11,8 +11,6 @@ attempts lost with a device are counted in `FarmReport.resent`, not returned.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import queue
 import socket
 import threading
 from collections import Counter
@@ -20,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..ir.program import Program
-from .runner import UPLOAD, Measurement, Protocol, Remote, measure, worker_for
+from .runner import UPLOAD, Measurement, Protocol, Remote, map_in_slots, measure, worker_for
 from .verify import Reference
 
 
@@ -71,30 +69,22 @@ def measure_farm(programs: Sequence[Program], workload: Reference, tracker: Remo
     `done(index, measurement)` is called as each program's result is final."""
     protocol = protocol or Protocol()
     remote = Remote.parse(tracker) if isinstance(tracker, str) else tracker
-    slots: queue.Queue[int] = queue.Queue()
-    for slot in range(max(1, concurrency or devices(remote))):
-        slots.put(slot)
     report = FarmReport([])
     lock = threading.Lock()
 
-    def one(index: int) -> Measurement:
-        slot = slots.get()
-        try:
-            for attempt in range(retries + 1):
-                m = measure(programs[index], workload, target, protocol, worker_for(protocol.threads, 1000 + slot),
-                            remote=remote)
-                if attempt == retries or not _lost_device(m):
-                    break
-                with lock:
-                    report.resent.append(f"program {index} on {m.device or 'no device'}: {m.error}")
-        finally:
-            slots.put(slot)
+    def one(index: int, slot: int) -> Measurement:
+        for attempt in range(retries + 1):
+            m = measure(programs[index], workload, target, protocol, worker_for(protocol.threads, 1000 + slot),
+                        remote=remote)
+            if attempt == retries or not _lost_device(m):
+                break
+            with lock:
+                report.resent.append(f"program {index} on {m.device or 'no device'}: {m.error}")
         with lock:
             report.by_device[m.device or "none"] += 1
         if done is not None:
             done(index, m)
         return m
 
-    with cf.ThreadPoolExecutor(slots.qsize()) as pool:
-        report.results = list(pool.map(one, range(len(programs))))
+    report.results = map_in_slots(one, range(len(programs)), max(1, concurrency or devices(remote)))
     return report

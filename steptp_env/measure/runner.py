@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from ..errors import StepTPError
 from ..ir.program import Program
@@ -237,16 +237,28 @@ def measure_many(programs: Sequence[Program], workload: Reference, target: str =
     protocol = protocol or Protocol()
     if workers <= 1:
         return [measure(p, workload, target, protocol) for p in programs]
-    slots: queue.Queue[int] = queue.Queue()
-    for slot in range(workers):
-        slots.put(slot)
+    return map_in_slots(lambda program, slot: measure(program, workload, target, protocol,
+                                                      worker_for(protocol.threads, slot)), programs, workers)
 
-    def one(program: Program) -> Measurement:
-        slot = slots.get()
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def map_in_slots(fn: Callable[[Item, int], Result], items: Sequence[Item], slots: int) -> list[Result]:
+    """`fn(item, slot)` for every item, at most `slots` calls at once, each holding a slot number no other
+    running call holds (so each uses a worker process of its own, `worker_for(threads, slot)`); results in
+    input order."""
+    free: queue.Queue[int] = queue.Queue()
+    for slot in range(slots):
+        free.put(slot)
+
+    def one(item: Item) -> Result:
+        slot = free.get()
         try:
-            return measure(program, workload, target, protocol, worker_for(protocol.threads, slot))
+            return fn(item, slot)
         finally:
-            slots.put(slot)
+            free.put(slot)
 
-    with cf.ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(one, programs))
+    with cf.ThreadPoolExecutor(slots) as pool:
+        return list(pool.map(one, items))
