@@ -1,5 +1,5 @@
-"""Reads through index tensors (embedding, index_select, gather), the generated list of supported ops, and
-the errors a new user meets first: an unsupported op names the list, a data-dependent shape is one line
+"""Index tensors (embedding, index_select, gather read through them; scatter_add in gather form), the
+generated list of supported ops, and the errors a new user meets first: an unsupported op names the list, a data-dependent shape is one line
 without torch's graph dump."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from steptp_env import from_torch
 from steptp_env.frontend import UnsupportedOpError
 from steptp_env.frontend.supported_ops import DOC, markdown
 from steptp_env.measure import Protocol, measure, verify
+from steptp_env.measure.inputs import index_bounds
 from steptp_env.strategies import REGISTRY, get_strategy
 
 
@@ -43,13 +44,24 @@ class Gather(torch.nn.Module):
         return torch.gather(x, self.dim, index) * 3
 
 
+class ScatterAdd(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, index, src):
+        return x.scatter_add(self.dim, index, src) - 1
+
+
 def _cases():
     torch.manual_seed(0)
     return [("embedding", Lookup(), (torch.randint(0, 50, (4, 7)),)),
             ("index_select dim 0", Select(0), (torch.randn(6, 5), torch.tensor([5, 0, 2, 2]))),
             ("index_select dim -1", Select(-1), (torch.randn(3, 10), torch.tensor([9, 0, 4]))),
             ("gather dim 1", Gather(1), (torch.randn(3, 10), torch.randint(0, 10, (3, 5)))),
-            ("gather dim 0", Gather(0), (torch.randn(6, 4), torch.randint(0, 6, (2, 4))))]
+            ("gather dim 0", Gather(0), (torch.randn(6, 4), torch.randint(0, 6, (2, 4)))),
+            ("scatter_add dim 0", ScatterAdd(0), (torch.randn(5, 4), torch.randint(0, 5, (9, 4)), torch.randn(9, 6))),
+            ("scatter_add dim -1", ScatterAdd(-1), (torch.randn(3, 6), torch.randint(0, 6, (3, 2)), torch.randn(3, 2)))]
 
 
 @pytest.mark.parametrize("name, module, args", _cases(), ids=[c[0] for c in _cases()])
@@ -60,9 +72,11 @@ def test_reads_through_an_index_tensor_verify(name, module, args):
     assert report.equivalent, report.reason
 
 
-def test_every_strategy_keeps_an_embedding_lookup_equivalent():
-    """The analyses meet index-tensor subscripts in every strategy: two candidates of each, verified."""
-    workload = from_torch(*_cases()[0][1:])
+@pytest.mark.parametrize("case", [0, 5], ids=["embedding", "scatter_add"])
+def test_every_strategy_keeps_an_index_program_equivalent(case):
+    """The analyses meet index-tensor subscripts and one-hot selections in every strategy: two candidates
+    of each, verified."""
+    workload = from_torch(*_cases()[case][1:])
     checked = 0
     for name in REGISTRY:
         for action in get_strategy(name).candidates(workload.program, "llvm")[:2]:
@@ -73,13 +87,25 @@ def test_every_strategy_keeps_an_embedding_lookup_equivalent():
     assert checked >= 8
 
 
-def test_writes_through_an_index_are_refused_and_name_the_list():
-    class ScatterAdd(torch.nn.Module):
-        def forward(self, x, index, src):
-            return x.scatter_add(0, index, src)
+def test_a_scatter_index_is_drawn_inside_the_scattered_dimension():
+    """A scatter index is compared with the output's loop index, not used as a subscript, yet PyTorch
+    rejects one outside the dimension: fresh inputs keep it in [0, 5) (the default integer draw is [0, 8))."""
+    workload = from_torch(*_cases()[5][1:])
+    index = next(s.name for s in workload.program.signature.inputs if s.dtype == "int64")
+    assert index_bounds(workload.program)[index] == (0, 4)
+    drawn = [workload.make_inputs(seed)[index] for seed in range(5)]
+    assert all(d.min() >= 0 and d.max() <= 4 for d in drawn) and any(d.max() == 4 for d in drawn)
 
-    with pytest.raises(UnsupportedOpError, match=r"aten\.scatter_add\.default.*docs/supported_ops\.md"):
-        from_torch(ScatterAdd(), (torch.zeros(5), torch.tensor([0, 1, 1]), torch.ones(3)))
+
+def test_last_write_wins_scatters_and_partial_index_shapes_are_refused():
+    class Scatter(torch.nn.Module):
+        def forward(self, x, index, src):
+            return x.scatter(0, index, src)
+
+    with pytest.raises(UnsupportedOpError, match=r"aten\.scatter\.src.*docs/supported_ops\.md"):
+        from_torch(Scatter(), (torch.zeros(5), torch.tensor([0, 1, 1]), torch.ones(3)))
+    with pytest.raises(UnsupportedOpError, match=r"index shape \(2, 3\) differs from the input's \(5, 4\)"):
+        from_torch(ScatterAdd(0), (torch.zeros(5, 4), torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 3)))
 
 
 def test_a_data_dependent_shape_is_one_line_without_a_graph_dump():
@@ -102,4 +128,4 @@ except UnsupportedOpError as exc:
 
 def test_the_supported_ops_page_is_the_registry():
     assert DOC.read_text() == markdown(), "run: python -m steptp_env.frontend.supported_ops --write"
-    assert "`aten.embedding.default`" in DOC.read_text() and "`aten.gather.default`" in DOC.read_text()
+    assert all(f"`aten.{op}.default`" in DOC.read_text() for op in ("embedding", "gather", "scatter_add"))

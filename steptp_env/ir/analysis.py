@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from .ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
-                  children, equations, free_vars)
+                  children, equations, free_vars, walk)
 from .dtypes import is_float
 
 REDUCE_OPS = ("+", "-", "*", "max", "min")
@@ -430,4 +430,24 @@ def index_uses(nests: tuple[Nest, ...]) -> list[tuple[str, str, int, Expr, dict[
                 for dim, index in enumerate(acc.indices):
                     for inner in accesses(index):
                         found.append((inner.name, acc.name, dim, index, bounds))
+    return found
+
+
+def equality_uses(nests: tuple[Nest, ...]) -> list[tuple[str, tuple[int, int]]]:
+    """Every test `T == e` (either side) of a plain tensor read against a loop-index expression `e`: (tensor,
+    range of `e`). A one-hot selection compares an index tensor with a loop variable instead of subscripting
+    with it (scatter_add's gather form); its values only matter, and PyTorch only accepts them, in that
+    range."""
+    found = []
+    for nest in nests:
+        for loops, eq in equations(nest):
+            bounds = {l.var: l.extent for l in loops}
+            for node in walk(eq.rhs):
+                if type(node) is not Compare:
+                    continue
+                for (lhs, rhs), op in zip(zip(node.operands, node.operands[1:]), node.ops):
+                    for tensor, other in ((lhs, rhs), (rhs, lhs)):
+                        span = index_range(other, bounds) if op == "==" and type(tensor) is Access else None
+                        if span is not None:
+                            found.append((tensor.name, span))
     return found

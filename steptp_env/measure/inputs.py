@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.analysis import index_range, index_uses
+from ..ir.analysis import equality_uses, index_range, index_uses
 from ..ir.ast import Const, Expr, replace_accesses
 from ..ir.dtypes import is_float, is_int
 from ..ir.program import Program
@@ -12,7 +12,8 @@ from ..ir.program import Program
 def index_bounds(program: Program) -> dict[str, tuple[int, int]]:
     """Input tensor -> [lo, hi] its values must stay in so that every subscript it takes part in stays
     inside the indexed dimension. A subscript is taken to be affine in the index value (`T`, `T+2`,
-    `4-T`, `2*T+c`), which covers gathers and precomputed indices."""
+    `4-T`, `2*T+c`), which covers gathers and precomputed indices. An integer input tested for equality
+    with a loop index (`T == c`, a one-hot selection) stays in that index's range."""
     known = program.tensors
     bounds: dict[str, tuple[int, int]] = {}
     for name, indexed, dim, expr, loops in index_uses(program.nests):
@@ -29,9 +30,16 @@ def index_bounds(program: Program) -> dict[str, tuple[int, int]]:
             lo, hi = -(at0[0] // step), (last - at0[1]) // step
         else:
             lo, hi = -((last - at0[1]) // -step), at0[0] // -step
-        old = bounds.get(name, (lo, hi))
-        bounds[name] = (max(old[0], lo), min(old[1], hi))
+        _narrow(bounds, name, lo, hi)
+    for name, (lo, hi) in equality_uses(program.nests):
+        if name in known and known[name].role != "intermediate" and is_int(known[name].dtype):
+            _narrow(bounds, name, lo, hi)
     return bounds
+
+
+def _narrow(bounds: dict[str, tuple[int, int]], name: str, lo: int, hi: int) -> None:
+    old = bounds.get(name, (lo, hi))
+    bounds[name] = (max(old[0], lo), min(old[1], hi))
 
 
 def _substitute(expr: Expr, name: str, value: int) -> Expr:
