@@ -35,7 +35,7 @@ def devices(tracker: Remote | str) -> int:
     """Servers of the tracker's key that are registered now (free or leased)."""
     from tvm import rpc
 
-    remote = Remote.parse(tracker) if isinstance(tracker, str) else tracker
+    remote = Remote.of(tracker)
     client = rpc.connect_tracker(remote.host, remote.port)
     try:
         summary = client.summary()
@@ -68,7 +68,7 @@ def measure_farm(programs: Sequence[Program], workload: Reference, tracker: Remo
     """Measure every program on the farm behind `tracker` (`rpc://host:port/key`); see the module docstring.
     `done(index, measurement)` is called as each program's result is final."""
     protocol = protocol or Protocol()
-    remote = Remote.parse(tracker) if isinstance(tracker, str) else tracker
+    remote = Remote.of(tracker)
     report = FarmReport([])
     lock = threading.Lock()
 

@@ -72,6 +72,11 @@ class Remote:
             raise StepTPError(f"not an RPC device address: {url!r} (expected rpc://host:port/key)")
         return cls(match.group(1), int(match.group(2)), match.group(3))
 
+    @classmethod
+    def of(cls, value: Remote | str) -> Remote:
+        """`value` itself, or the device address `rpc://host:port/key` it spells parsed."""
+        return cls.parse(value) if isinstance(value, str) else value
+
     @property
     def url(self) -> str:
         return f"rpc://{self.host}:{self.port}/{self.key}"
@@ -158,8 +163,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     verification (no timings). Never raises for a bad program: failures come back with `error` set."""
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
-    if isinstance(remote, str):
-        remote = Remote.parse(remote)
+    remote = None if remote is None else Remote.of(remote)
     m = Measurement(program.leir, target if remote is None else f"{target}@{remote.url}", protocol,
                     versions=versions())
     key = kernel_key(program, target if remote is None else f"{target}@{remote.url}")
