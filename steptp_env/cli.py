@@ -585,6 +585,53 @@ def train_grpo(out: Path = typer.Option(..., "--out", "-o", help="the policy's f
 
 
 @app.command("eval")
+def eval_agent(agent: str = typer.Option(..., "--agent", "-a", help="random, greedy, beam, focus, bfs, dfs, mcts, "
+                                         "ppo or llm (the single-step LLM evaluation is `steptp eval-step`)"),
+               suite: str = typer.Option("eval-small-v0", help="a versioned evaluation suite: eval-small-v0 "
+                                         "(18 workloads, one per family, none in the cost model's training "
+                                         "set) or eval-tiny-v0 (the same at tiny, for quick checks)"),
+               budget: int = typer.Option(64, help="measurements per run (env steps in model mode)"),
+               seeds: int = typer.Option(3, help="seeds 0..SEEDS-1 per workload; intervals are over seeds"),
+               mode: str = typer.Option("hybrid", help="measure, model or hybrid"),
+               threads: int = typer.Option(1, help="threads of the measurement protocol and of PyTorch"),
+               max_steps: int = typer.Option(MAX_STEPS, help="steps per episode"),
+               policy: Optional[str] = typer.Option(None, help="ppo: a trained model (.zip); without one PPO "
+                                                    "trains on each workload for BUDGET steps first"),
+               model: Optional[str] = typer.Option(None, "--model", help="llm: a model folder, .gguf file or "
+                                                   "OpenAI-compatible URL (default: SmolLM2)"),
+               out: Optional[Path] = typer.Option(None, "--out", "-o", help="the evaluation's folder (default: "
+                                                  "runs/eval/AGENT-SUITE-bBUDGET; resumed if it exists)")) -> None:
+    """The evaluation protocol: AGENT on every workload of SUITE for each seed, the final program timed
+    beside its start program and PyTorch eager; geometric-mean speedups with 95% intervals over seeds, in
+    OUT/summary.json, report.md and report.png."""
+    from agents import AGENTS
+    from agents.evaluate import EvalConfig, evaluate
+
+    from .workloads.suites import eval_suite
+
+    if agent not in AGENTS or agent == "replay":
+        _fail(ValueError(f"unknown agent {agent!r} for evaluation; known: "
+                         f"{', '.join(a for a in AGENTS if a != 'replay')}"))
+    try:
+        config = EvalConfig(agent, suite, budget, seeds, mode, threads, max_steps, policy, model)
+    except (ValueError, StepTPError) as exc:
+        _fail(exc)
+    folder = out or Path("runs") / "eval" / f"{agent}-{suite}-b{budget}"
+    with progress(console, f"{agent} on {suite}", config.seeds * len(eval_suite(suite).uris)) as update:
+
+        def advance(record: dict, done: int, total: int) -> None:
+            update(done, f"{record['uri']} seed {record['seed']}: " + (
+                "failed" if "error" in record else f"x{record['start_s'] / record['best_s']:.3f}"))
+
+        summary = evaluate(config, folder, advance)
+    console.print(f"speedup over the start program {summary['speedup'] or 0:.3f}, over PyTorch eager "
+                  f"{summary['vs_eager'] or 0:.3f} (geometric means over {summary['timed_in_every_seed']} "
+                  f"workloads, mean over {len(summary['per_seed'])} seed(s)); {len(summary['failed'])} failed run(s)")
+    console.print(f"wrote {folder}/summary.json, report.md" + (", report.png" if summary["plot"] else
+                                                               " (no plot: matplotlib is not installed)"))
+
+
+@app.command("eval-step")
 def eval_llm(model: Optional[str] = typer.Option(None, "--model", help="a model folder, .gguf file or "
                                                  "OpenAI-compatible URL (default: SmolLM2)"),
              workloads: Optional[str] = typer.Option(None, "--workloads", help="a glob of suite URIs (default: "

@@ -130,7 +130,7 @@ def test_cli_runs_and_evaluates_an_llm_policy_from_a_model_folder(tmp_path, tiny
     assert ran.exit_code == 0, ran.output
     summary = json.loads((tmp_path / "runs" / "llm" / "summary.json").read_text())
     assert summary["agent"] == "llm-greedy" and summary["steps"] >= 1
-    evaluated = runner.invoke(app, ["eval", "--model", str(folder), "--workloads", "level1/relu6", "--mode", "model",
+    evaluated = runner.invoke(app, ["eval-step", "--model", str(folder), "--workloads", "level1/relu6", "--mode", "model",
                                     "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "eval.json")])
     assert evaluated.exit_code == 0, evaluated.output
     report = json.loads((tmp_path / "eval.json").read_text())
