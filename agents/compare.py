@@ -58,10 +58,11 @@ def _per_call(module: Callable, args: tuple[torch.Tensor, ...], number: int) -> 
     return (time.perf_counter() - start) / number
 
 
-def kernel_seconds(program: Program, workload: Workload, target: str, protocol: Protocol) -> float:
-    """The median runtime of one `measure` (build, verify and time in the worker); StepTPError when the
-    program fails to build, run or verify."""
-    m = measure(program, workload, target, protocol)
+def kernel_seconds(program: Program, workload: Workload, target: str, protocol: Protocol,
+                   library: str | None = None) -> float:
+    """The median runtime of one `measure` (build, or load `library`, then verify and time in the worker);
+    StepTPError when the program fails to build, run or verify."""
+    m = measure(program, workload, target, protocol, library=library)
     if not m.ok:
         raise StepTPError(m.error)
     return m.median_s

@@ -10,8 +10,11 @@ reads it at import) and torch at T threads:
    cost model) searches the `small` preset with `--budget` measurements under `Protocol(threads=T)`, in
    episodes of at most `--max-steps` steps (an attention block's chains run past the env's default 32); at a
    thread count the model was not trained for (it was at 1), in measure mode;
-2. MetaSchedule tunes the lowered start program with `--ms-trials` trials for T cores
-   (`steptp_env.measure.metaschedule.tune`); its output is checked against the start program's;
+2. MetaSchedule tunes the lowered start program with `--ms-trials` trials for T cores in a process of its
+   own (`steptp_env.measure.metaschedule.tune_library`), which exports the kernel; the kernel is verified
+   against PyTorch and timed in the measurement worker like the agent's programs (`measure(library=)`), so
+   no TVM code runs in the process that times PyTorch (before 2026-12-04 it ran there, and PyTorch at two
+   threads then intermittently took 8 ms a call where it takes 0.2);
 3. torch.compile (inductor) compiles the module; its compile time (the first call) is recorded apart;
 4. the start program, the best program, MetaSchedule's kernel, PyTorch eager called directly
    (`module(*tensors)` under `torch.inference_mode()`) and the compiled module are timed in turn, ROUNDS
@@ -69,7 +72,6 @@ TIMERS = ("start", "best", "metaschedule", "eager", "compiled")
 
 
 def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
-    import numpy as np
     import torch
 
     from agents import get_agent
@@ -78,10 +80,8 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
     from steptp_env.costmodel import CostModel
     from steptp_env.costmodel.default import DEFAULT_MODEL_DIR
     from steptp_env.env import StepTPEnv
-    from steptp_env.measure import Protocol, ResultStore
-    from steptp_env.measure.metaschedule import tune
-    from steptp_env.measure.runner import timing_lock
-    from steptp_env.measure.worker import pinned, runs_per_timing
+    from steptp_env.measure import Protocol, ResultStore, measure
+    from steptp_env.measure.metaschedule import tune_library
     from steptp_env.workloads import get_workload
 
     torch.set_num_threads(threads)
@@ -106,27 +106,20 @@ def run_item(uri: str, threads: int, args: argparse.Namespace) -> dict:
     timers = {"start": lambda: kernel_seconds(start, workload, "llvm", protocol),
               "best": lambda: kernel_seconds(best, workload, "llvm", protocol),
               "eager": lambda: torch_seconds(workload, protocol)}
-    tuned = None
     if args.metaschedule:
+        library = Path(tempfile.mkdtemp()) / "metaschedule.so"
         try:
-            tuned = tune(start, trials=args.ms_trials, threads=threads, seed=args.seed)
+            tuned = tune_library(start, library, trials=args.ms_trials, threads=threads, seed=args.seed)
         except Exception as exc:  # noqa: BLE001  (MetaSchedule's failure is a finding of the row, not the end of it)
-            row["failures"] = [f"MetaSchedule: {type(exc).__name__}: {' '.join(str(exc).split())[-400:]}"]
-    if tuned is not None:
-        row["ms_tuning_s"], row["ms_trials"] = tuned.tuning_s, tuned.trials
-        expected = _outputs(start, inputs)
-        got = tuned.kernel(inputs)
-        row["ms_matches_start"] = all(np.allclose(got[k], v, rtol=1e-4, atol=1e-5, equal_nan=True)
-                                      for k, v in expected.items())
-
-        def metaschedule_seconds() -> float:
-            with timing_lock(), pinned(threads):
-                probe = tuned.kernel.time(inputs, number=1, repeat=1)[0]
-                number = runs_per_timing(probe, protocol.number, protocol.min_seconds)
-                timings = tuned.kernel.time(inputs, number=number, repeat=protocol.repeat)
-            return statistics.median(timings) / number
-
-        timers["metaschedule"] = metaschedule_seconds
+            row["failures"] = [f"MetaSchedule: {' '.join(str(exc).split())[-400:]}"]
+        else:
+            row["ms_tuning_s"], row["ms_trials"] = tuned["tuning_s"], tuned["trials"]
+            checked = measure(start, workload, "llvm", protocol, timing=False, library=str(library))
+            row["ms_verified"] = checked.ok
+            if checked.ok:
+                timers["metaschedule"] = lambda: kernel_seconds(start, workload, "llvm", protocol, str(library))
+            else:
+                row["failures"] = [f"MetaSchedule's kernel failed verification: {checked.error}"]
     if args.compile:
         compiled = torch.compile(workload.module)
         began = time.perf_counter()
@@ -150,12 +143,6 @@ def code_version() -> dict:
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     return {"commit": commit + ("+dirty" if git("status", "--porcelain", "--", "steptp_env", "agents") else ""),
             "lowering": LOWERING_VERSION}
-
-
-def _outputs(program, inputs: dict) -> dict:
-    from steptp_env import build
-
-    return build(program)(inputs)
 
 
 def gemm_flops(program) -> int:

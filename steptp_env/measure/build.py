@@ -31,7 +31,7 @@ def resolve_target(kind: str, opt_level: int | None = None) -> tvm.target.Target
 class Kernel:
     """A compiled program: call it with a mapping of input arrays, get a dict of output arrays."""
 
-    def __init__(self, program: Program, module: tvm.IRModule, executable, kind: str) -> None:
+    def __init__(self, program: Program, module: tvm.IRModule | None, executable, kind: str) -> None:
         self.program = program
         self.module = module
         self.executable = executable
@@ -47,6 +47,14 @@ class Kernel:
         if self._main is None:
             self._main = self._module["main"]
         return self._main
+
+    @classmethod
+    def loaded(cls, program: Program, module) -> Kernel:
+        """A kernel of `program` whose code is `module`, a library compiled elsewhere and loaded with
+        `tvm.runtime.load_module` (MetaSchedule's, `measure(library=)`): no IRModule, no executable."""
+        kernel = cls(program, None, None, "llvm")
+        kernel._module = module
+        return kernel
 
     def attach_remote(self, session, module, device) -> None:
         """Run on a device of an RPC session from now on (the module was uploaded and loaded there)."""
@@ -124,7 +132,7 @@ class Kernel:
         return running_share
 
     def _evaluator(self, number: int, repeat: int):
-        module = self._module if self._session is not None else self.executable.mod
+        module = self.executable.mod if self._module is self.executable else self._module
         return module.time_evaluator("main", self.device, number=number, repeat=repeat, min_repeat_ms=0)
 
     @property

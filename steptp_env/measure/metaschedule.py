@@ -79,3 +79,28 @@ def tune(program: Program, trials: int = 64, threads: int = 1, work_dir: str | P
     executable = tvm.compile(tuned, target=target)
     return TunedKernel(Kernel(program, tuned, executable, "llvm"), trials, tuning_s)
 
+
+
+def tune_library(program: Program, path: str | Path, trials: int = 64, threads: int = 1, seed: int = 0) -> dict:
+    """`tune` in a fresh process that exports the best schedule's kernel to `path` (a shared library for
+    `measure(..., library=path)`), so that nothing of the tuning (MetaSchedule's threads, TVM's thread pool,
+    whose workers are bound to cores) is left in the caller, which may time PyTorch next: after an
+    in-process tuning and timing at two threads, PyTorch's calls on the 2-core machine intermittently took
+    8 ms instead of 0.2 (level1/matmul_batched, level1/softmax), for seconds. The child inherits
+    `TVM_NUM_THREADS`. Returns tuning seconds and trials; raises what the tuning raised (as RuntimeError)."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(_tune_and_export, program.leir, program.signature.to_json(), str(path), trials, threads,
+                           seed).result()
+
+
+def _tune_and_export(leir: str, signature: list, path: str, trials: int, threads: int, seed: int) -> dict:
+    try:
+        tuned = tune(Program.parse(leir, signature), trials=trials, threads=threads, seed=seed)
+        tuned.kernel.executable.export_library(path)
+    except Exception as exc:  # TVM's errors do not all pickle: the message crosses the process boundary
+        raise RuntimeError(f"{type(exc).__name__}: {' '.join(str(exc).split())[-2000:]}") from None
+    return {"tuning_s": tuned.tuning_s, "trials": tuned.trials}

@@ -24,7 +24,7 @@ from ..errors import StepTPError
 from ..ir.program import Program
 from .context import versions
 from .verify import Reference, VerifyReport, verify
-from .worker import MeasureWorker, _build, _release, _run, _time, _upload, kernel_key
+from .worker import MeasureWorker, _build, _load, _release, _run, _time, _upload, kernel_key
 
 
 def _default_threads() -> int:
@@ -156,14 +156,18 @@ def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
 
 def measure(program: Program, workload: Reference, target: str = "llvm", protocol: Protocol | None = None,
             worker: MeasureWorker | None = None, remote: Remote | str | None = None,
-            timing: bool = True) -> Measurement:
+            timing: bool = True, library: str | Path | None = None) -> Measurement:
     """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
     it if it is equivalent. With `remote` (a `Remote` or `rpc://host:port/key`) the kernel runs on a device
     leased from that RPC tracker for the measurement (`device` names it). `timing=False` stops after
-    verification (no timings). Never raises for a bad program: failures come back with `error` set."""
+    verification (no timings). With `library` (a kernel library of `program`'s signature compiled
+    elsewhere, e.g. MetaSchedule's) that library is loaded in place of the build, then verified and timed
+    the same way. Never raises for a bad program: failures come back with `error` set."""
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
     remote = None if remote is None else Remote.of(remote)
+    if library is not None and (remote is not None or target != "llvm"):
+        raise ValueError("a prebuilt library is measured on this machine's CPU (target llvm, no remote)")
     m = Measurement(program.leir, target if remote is None else f"{target}@{remote.url}", protocol,
                     versions=versions())
     key = kernel_key(program, target if remote is None else f"{target}@{remote.url}")
@@ -171,7 +175,11 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
 
     phase = "build"
     try:
-        m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+        if library is None:
+            m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+        else:
+            key = f"{key}/library:{Path(library).resolve()}"
+            m.build_s = worker.call(_load, key, str(library), program.leir, signature, timeout=protocol.build_timeout)
         if remote is not None:
             phase = UPLOAD
             m.device = worker.call(_upload, key, (remote.host, remote.port), remote.key, remote.session_timeout,

@@ -82,6 +82,23 @@ def _build(key: str, leir: str, signature: list, target: str) -> float:
     return time.perf_counter() - start
 
 
+def _load(key: str, path: str, leir: str, signature: list) -> float:
+    """Child side: load a kernel library built elsewhere (MetaSchedule's, `metaschedule.tune_library`) as the
+    kernel of `leir` under `key`, so that it is verified and timed like a kernel built here."""
+    import time
+
+    import tvm
+
+    from ..ir.program import Program
+    from .build import Kernel
+
+    start = time.perf_counter()
+    _KERNELS[key] = Kernel.loaded(Program.parse(leir, signature), tvm.runtime.load_module(path))
+    while len(_KERNELS) > _KEEP:
+        _KERNELS.popitem(last=False)
+    return time.perf_counter() - start
+
+
 def kernel_key(program, target: str) -> str:
     """The name a built kernel has in the worker: its program and target, so that a later request for the
     same program (a paired timing after its measurement) finds it built."""
