@@ -22,7 +22,7 @@ from steptp_env.errors import StepTPError
 from steptp_env.frontend.workload import Workload
 from steptp_env.ir import Program
 from steptp_env.measure import Protocol, measure
-from steptp_env.measure.runner import timing_lock
+from steptp_env.measure.runner import settle_workers, timing_lock
 from steptp_env.measure.worker import pinned, runs_per_timing
 
 from .common import AgentResult
@@ -34,13 +34,16 @@ def torch_seconds(workload: Workload, protocol: Protocol, module: Callable | Non
     """Seconds per direct call of the workload's module (or of `module`, e.g. its `torch.compile`d form) on
     the workload's seeded inputs (`protocol.seed`): one warm-up call, timed to size the blocks as the
     kernels' timings are sized, then the median of `protocol.repeat` blocks, on `protocol.threads` threads
-    (the caller's count is restored). Raises StepTPError when the workload has no module."""
+    (the caller's count is restored); at more than one thread, once the measurement workers are idle
+    (`settle_workers`). Raises StepTPError when the workload has no module."""
     if workload.module is None:
         raise StepTPError("the workload has no PyTorch module")
     module = workload.module if module is None else module
     args = workload.torch_arguments(workload.make_inputs(protocol.seed))
     threads = torch.get_num_threads()
     torch.set_num_threads(protocol.threads)
+    if protocol.threads > 1:  # a worker's thread pool still spinning would share PyTorch's cores
+        settle_workers()
     try:
         with torch.inference_mode(), timing_lock(), pinned(protocol.threads):
             probe = _per_call(module, args, 1)

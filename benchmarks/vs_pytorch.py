@@ -14,7 +14,8 @@ reads it at import) and torch at T threads:
    own (`steptp_env.measure.metaschedule.tune_library`), which exports the kernel; the kernel is verified
    against PyTorch and timed in the measurement worker like the agent's programs (`measure(library=)`), so
    no TVM code runs in the process that times PyTorch (before 2026-12-04 it ran there, and PyTorch at two
-   threads then intermittently took 8 ms a call where it takes 0.2);
+   threads then intermittently took 8 ms a call where it takes 0.2; so did a worker's TVM thread pool still
+   spinning after a parallel kernel, and PyTorch is now timed once the workers are idle, `settle_workers`);
 3. torch.compile (inductor) compiles the module; its compile time (the first call) is recorded apart;
 4. the start program, the best program, MetaSchedule's kernel, PyTorch eager called directly
    (`module(*tensors)` under `torch.inference_mode()`) and the compiled module are timed in turn, ROUNDS

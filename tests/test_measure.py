@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 from steptp_env import Program
-from steptp_env.measure.runner import Protocol, measure, measure_many, worker_for
+from steptp_env.measure.runner import Protocol, measure, measure_many, settle_workers, worker_for
 
 SIG = [{"name": "A", "shape": [64, 64], "dtype": "float32"}, {"name": "B", "shape": [64, 64], "dtype": "float32"},
        {"name": "C", "shape": [64, 64], "dtype": "float32", "role": "output"}]
@@ -168,3 +170,17 @@ def test_large_arguments_and_results_travel_through_files(monkeypatch, tmp_path)
     assert m.ok and m.verify.equivalent, m.error
     assert "_InFile" in seen  # the run's outputs came back through a file
     assert list(tmp_path.iterdir()) == []
+
+
+def test_settle_workers_waits_while_a_child_process_is_busy():
+    """A child that spins for 0.6 s holds `settle_workers` about that long (a multi-threaded PyTorch timing
+    waits so); an idle child does not."""
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass\n"
+                             "time.sleep(30)"])
+    try:
+        time.sleep(0.05)
+        assert 0.3 < settle_workers() < 3.0
+        assert settle_workers() < 0.2
+    finally:
+        busy.kill()
+        busy.wait()

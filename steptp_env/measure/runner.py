@@ -145,6 +145,35 @@ def timing_lock() -> Iterator[None]:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def settle_workers(window_s: float = 0.05, cap_s: float = 3.0) -> float:
+    """Wait until this process's child processes (the measurement workers) have used no CPU for one window,
+    at most `cap_s`; the seconds waited. After a kernel with parallel loops, the worker's TVM thread pool
+    keeps spinning for up to about a second; a multi-threaded timing taken meanwhile in this process shares
+    its cores with the spinning threads: PyTorch's two OpenMP threads took 8 ms a call for a 0.2 ms batched
+    matmul on the 2-core machine. CPU times advance in clock ticks (10 ms), so a window under one tick of
+    CPU counts as idle."""
+    import psutil
+
+    me, start = psutil.Process(), time.perf_counter()
+
+    def used() -> float:
+        total = 0.0
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                times = child.cpu_times()
+                total += times.user + times.system
+        return total
+
+    before = used()
+    while time.perf_counter() - start < cap_s:
+        time.sleep(window_s)
+        after = used()
+        if after - before < 0.01:
+            break
+        before = after
+    return time.perf_counter() - start
+
+
 def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
     """The shared worker process for a thread count (and a slot, for parallel builds)."""
     with _WORKERS_LOCK:
