@@ -133,6 +133,19 @@ def _names(config: GenerateConfig) -> list[str]:
     return [n for n in STRATEGY_NAMES if n in chosen]
 
 
+class StepsFile:
+    """A run's `out/steps.jsonl`, open for appending: the work keys it already holds, the workloads it marks
+    done, and its writer. The local generator writes through it; so does the Ray driver, which generates
+    nothing itself and so needs no env, model or store."""
+
+    def __init__(self, config: GenerateConfig, out: Path) -> None:
+        self.path = out / STEPS_FILE
+        self.keys, self.finished = _read_existing(self.path, config)
+        created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.writer = JsonlWriter(self.path, {"config": _jsonable(asdict(config)), "versions": versions(),
+                                              "created": created})
+
+
 class _Generator:
     """Generates workloads into `out/steps.jsonl`, or, with a `sink`, into the sink alone (a Ray actor's
     records for one workload, which the driver writes when the whole workload is done)."""
@@ -141,14 +154,11 @@ class _Generator:
         from ..costmodel import default_model
 
         self.config, self.deadline = config, deadline
-        self.path = out / STEPS_FILE
         if sink is None:
-            self.keys, self.finished = _read_existing(self.path, config)
-            created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            sink = JsonlWriter(self.path, {"config": _jsonable(asdict(config)), "versions": versions(),
-                                           "created": created})
+            steps = StepsFile(config, out)
+            self.path, self.keys, self.finished, sink = steps.path, steps.keys, steps.finished, steps.writer
         else:
-            self.keys, self.finished = {}, set()
+            self.path, self.keys, self.finished = out / STEPS_FILE, {}, set()
         self.writer = sink
         self.store = ResultStore(out / "store.sqlite")
         # model mode shares the frozen packaged model; hybrid learns online, on one copy for the whole run

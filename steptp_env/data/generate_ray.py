@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .generate import GenerateConfig, GenerateResult, _count, _Generator, _remember
+from ..measure import ResultStore
+from .generate import GenerateConfig, GenerateResult, StepsFile, _count, _Generator, _remember
 
 
 class _Collect(list):
@@ -62,16 +63,17 @@ def generate_ray(config: GenerateConfig, out: Path | str, address: str = "local"
 
     out = Path(out)
     start = time.monotonic()
-    driver = _Generator(config, out, None)
+    steps = StepsFile(config, out)
+    ResultStore(out / "store.sqlite").close()  # the actors share it: its tables exist before they race to open it
     if address == "local":
         ray.init(num_cpus=actors, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
     else:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     remote = ray.remote(num_cpus=1, max_restarts=0)(WorkloadActor)
-    result = driver.result
+    result = GenerateResult()
     todo = []
     for uri in config.workloads:
-        if config.prefix(uri) in driver.finished:
+        if config.prefix(uri) in steps.finished:
             result.workloads_done += 1
         else:
             todo.append(uri)
@@ -91,7 +93,7 @@ def generate_ray(config: GenerateConfig, out: Path | str, address: str = "local"
             while todo and idle and not expired:
                 actor, uri = idle.pop(), todo.pop(0)
                 prefix = config.prefix(uri)
-                keys = {k: v for k, v in driver.keys.items() if k.startswith(prefix + "|")}
+                keys = {k: v for k, v in steps.keys.items() if k.startswith(prefix + "|")}
                 running[actor.run.remote(uri, keys)] = (actor, uri)
                 if started is not None:
                     started(uri, pids[actor])
@@ -108,8 +110,8 @@ def generate_ray(config: GenerateConfig, out: Path | str, address: str = "local"
                 idle.append(new_actor())
                 continue
             for record in records:
-                driver.writer.write(record)
-                _remember(driver.keys, record)
+                steps.writer.write(record)
+                _remember(steps.keys, record)
             result.written += counts["written"]
             result.rejected += counts["rejected"]
             result.skipped += counts["skipped"]
@@ -118,10 +120,9 @@ def generate_ray(config: GenerateConfig, out: Path | str, address: str = "local"
             if progress is not None:
                 progress(uri, result)
     finally:
-        driver.writer.close()
-        driver.store.close()
+        steps.writer.close()
         if address == "local":
             ray.shutdown()
     result.elapsed_s = time.monotonic() - start
-    _count(driver.path, result)
+    _count(steps.path, result)
     return result
