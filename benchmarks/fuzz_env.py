@@ -6,7 +6,7 @@ exception or leave a state that does not replay, and a measurement worker killed
 
 Workloads: the first `--workloads` suite URIs in a seeded order, preset `tiny`. For every mode (model,
 hybrid, measure) and workload, an env (index action mode for even workloads, text for odd ones) takes its
-share of `--actions`: 20% garbage (`steptp_env.env.fuzz.bad_action`), 40% catalog indices of legal
+share of `--actions` (rounded up, so the modes together take at least that many): 20% garbage (`steptp_env.env.fuzz.bad_action`), 40% catalog indices of legal
 candidates, 20% candidate action texts, 20% Step-TP answers (`{"transformed_IR": ..., "applied_strategy":
 ...}` of a candidate's result). Stop ends an episode; after every episode (and at the end) its state is
 replayed by a fresh model-mode env and must reach the same program. The process's resident memory is
@@ -225,14 +225,14 @@ def main() -> int:
     uris = list_workloads()
     random.Random(args.seed).shuffle(uris)
     uris = uris[:args.workloads]
-    per_pair = max(1, args.actions // (len(MODES) * len(uris)))
+    per_pair = -(-args.actions // (len(MODES) * len(uris)))  # rounded up: the three modes hold at least --actions
     path = RESULTS / "fuzz_env.json"
     parts = json.loads(path.read_text()).get("parts", {}) if path.exists() else {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
             rng = np.random.default_rng([args.seed, MODES.index(mode)])
-            tally, load, began = Tally(), os.getloadavg(), time.monotonic()
+            tally, load, began, code = Tally(), os.getloadavg(), time.monotonic(), commit()
             for k, uri in enumerate(uris):
                 fuzz_workload(uri, mode, "index" if k % 2 == 0 else "text", per_pair, rng,
                               Path(tmp) / "store.sqlite", tally)
@@ -242,7 +242,7 @@ def main() -> int:
             parts[mode] = {"actions": tally.actions, "by_kind": tally.by_kind, "rejected": tally.errors,
                            "escaped": tally.escaped, "episodes": tally.episodes, "corrupt": tally.corrupt,
                            "rss_mb": tally.rss_mb, "seconds": time.monotonic() - began, "load": load,
-                           "commit": commit()}
+                           "commit": code, "per_workload": per_pair}
             path.write_text(json.dumps({"args": vars(args), "parts": parts}, indent=1) + "\n")
         if args.kills:
             steps = kills(args.kills, Path(tmp) / "kills.sqlite", np.random.default_rng([args.seed, len(MODES)]))
