@@ -4,14 +4,15 @@ exception or leave a state that does not replay, and a measurement worker killed
     PYTHONPATH=. python benchmarks/fuzz_env.py [--actions 5000] [--workloads 40] [--kills 6] [--seed 0]
                                                [--modes model hybrid measure]
 
-Workloads: the first `--workloads` suite URIs in a seeded order, preset `tiny`. For every mode (model,
-hybrid, measure) and workload, an env (index action mode for even workloads, text for odd ones) takes its
-share of `--actions` (rounded up, so the modes together take at least that many): 20% garbage (`steptp_env.env.fuzz.bad_action`), 40% catalog indices of legal
-candidates, 20% candidate action texts, 20% Step-TP answers (`{"transformed_IR": ..., "applied_strategy":
-...}` of a candidate's result). Stop ends an episode; after every episode (and at the end) its state is
-replayed by a fresh model-mode env and must reach the same program. The process's resident memory is
-sampled after every workload. Then, in measure mode, `--kills` steps each have the measurement worker
-SIGKILLed 50 ms into the step: that step may fail (info["error"]), the next step must work.
+Workloads: the first `--workloads` suite URIs in a seeded order, preset `tiny`. For every mode (model, hybrid,
+measure) and workload, an env (index action mode for even workloads, text for odd ones) takes its share of
+`--actions` (rounded up, so the modes together take at least that many): 20% garbage
+(`steptp_env.env.fuzz.bad_action`), 40% catalog indices of legal candidates, 20% candidate action texts, 20%
+Step-TP answers (`{"transformed_IR": ..., "applied_strategy": ...}` of a candidate's result). Stop ends an
+episode; after every episode (and at the end) its state is replayed by a fresh model-mode env and must reach
+the same program. The process's resident memory is sampled after every workload. Then, in measure mode,
+`--kills` steps each have the measurement worker SIGKILLed 50 ms into the step: that step may fail
+(info["error"]), the next step must work.
 
 A run may take some of the modes (`--modes`; `--kills 0` skips the kill steps): each mode's tally (and the
 kills') is kept in benchmarks/results/fuzz_env.json with the commit it ran at, and the report shows every
