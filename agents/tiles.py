@@ -190,9 +190,13 @@ def _row_tiles(found) -> list[tuple[tuple[tuple[str, int], ...], str, int]]:
 
 def _channel_tiles(found) -> list[tuple[tuple[tuple[str, int], ...], str, int]]:
     """Convolution tiles: the widest output variable other than the last (the output channels) as the
-    vector columns, its reads packed with it last (the weights as [in, kh, kw, out]), rows from the last two
-    other output variables (pixels): as many as `ACCUMULATORS` allows, then at most half as many. A
-    convolution's last output variable cannot be the columns: its input reads `f + i` or `2f + i`."""
+    vector columns, its reads packed with it last (the weights as [in, kh, kw, out]), rows from the other
+    output variables (pixels, and the batch where the pixels' extents have no larger divisors, as 62 = 2 x 31
+    has: a 2x2 pixel tile is 4 accumulator chains, half of what two FMA units of 4 cycles' latency need): as
+    many as `ACCUMULATORS` allows, then at most half as many; among tiles of as many rows, the one with the
+    most along the innermost variables. A variable may enter the tile whole, but one at least is split (the
+    accumulator's position). A convolution's last output variable cannot be the columns: its input reads
+    `f + i` or `2f + i`."""
     loops, eq, _, _ = found
     if not all(isinstance(index, Var) for index in eq.lhs.indices):
         return []
@@ -204,10 +208,10 @@ def _channel_tiles(found) -> list[tuple[tuple[tuple[str, int], ...], str, int]]:
             continue
         cols = max(c for c in range(lanes, min(extent[j], COLUMNS) + 1, lanes) if extent[j] % c == 0)
         room = ACCUMULATORS // (cols // lanes)
-        pixels = [v for v in outputs if v != j][-2:]
+        pixels = [v for v in outputs if v != j]
         choices = [factors for factors in product((1, 2, 4, 8), repeat=len(pixels))
-                   if all(f == 1 or (extent[v] % f == 0 and f < extent[v]) for v, f in zip(pixels, factors))
-                   and 1 < prod(factors)]
+                   if all(f == 1 or extent[v] % f == 0 for v, f in zip(pixels, factors)) and 1 < prod(factors)
+                   and any(1 < f < extent[v] for v, f in zip(pixels, factors))]
         tiles = []
         for limit in (room, room // 2):  # the most rows, then the most along the innermost pixel variable
             fitting = [fs for fs in choices if prod(fs) <= limit]
