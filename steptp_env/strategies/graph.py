@@ -28,7 +28,7 @@ from .graph_util import (MAX_THREADS, Path, affine_in, bounds_of, compute_nest, 
                          ranges_apart, replace_at, safe_everywhere, same_iteration_conflict, shift_var, substitute,
                          trip_count, under_branch, unique_value_subscripts, value_accesses, value_paths, with_scope)
 from .outer_fusion import fuse_under, loop_key, shared_depth
-from .util import fresh_tensor, nest_at
+from .util import fresh_tensor, int_param, is_intermediate, nest_at
 
 SCOPE_NAMES = {"g": "global memory", "s": "shared memory", "l": "local memory (registers)"}
 
@@ -50,13 +50,6 @@ def _single(program: Program, index) -> tuple[Nest, Equation]:
     return nest, eqs[0]
 
 
-def _int_param(action: Action, key: str) -> int:
-    value = action[key]
-    if not isinstance(value, int):
-        raise IllegalActionError(f"{key} must be an integer, got {value!r}")
-    return value
-
-
 def _names_param(action: Action, key: str) -> tuple[str, ...]:
     value = action[key]
     if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
@@ -64,10 +57,6 @@ def _names_param(action: Action, key: str) -> tuple[str, ...]:
     if len(set(value)) != len(value):
         raise IllegalActionError(f"{key} names {list(value)} repeat")
     return value
-
-
-def _is_intermediate(program: Program, name: str) -> bool:
-    return name not in program.signature
 
 
 def _reads_own_target(eq: Equation) -> bool:
@@ -104,7 +93,7 @@ def _private_tensors(program: Program, nests: tuple[Nest, ...], index: int) -> l
     for acc in nest_accesses(nest):
         subscripts.setdefault(acc.name, set()).add(acc.indices)
     return [name for name, subs in subscripts.items()
-            if _is_intermediate(program, name) and name not in elsewhere and len(subs) == 1
+            if is_intermediate(program, name) and name not in elsewhere and len(subs) == 1
             and injective_subscript(next(iter(subs)), nest.loops)]
 
 
@@ -174,7 +163,7 @@ class OperatorFusion(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index, scope = _int_param(action, "nest"), action["scope"]
+        index, scope = int_param(action, "nest"), action["scope"]
         if scope not in SCOPE_NAMES:
             raise IllegalActionError(f"scope must be one of g, s, l; got {scope!r}")
         fused, private = self.site(program, index, action.get("depth"))
@@ -249,7 +238,7 @@ class OperatorFission(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index = _int_param(action, "nest")
+        index = int_param(action, "nest")
         first, second = self.site(program, index, action["at"])
         return program.replace_nests(program.nests[:index] + (first, second) + program.nests[index + 1:])
 
@@ -308,7 +297,7 @@ def _needs_parens(expr: Expr) -> bool:
 def _producer(program: Program, index) -> _Producer:
     nest, eq = _single(program, index)
     name = eq.lhs.name
-    if not _is_intermediate(program, name):
+    if not is_intermediate(program, name):
         raise IllegalActionError(f"{name} is a signature tensor: only intermediates are inlined")
     if any(name in writes(n) for j, n in enumerate(program.nests) if j != index):
         raise IllegalActionError(f"{name} is also written by other nests")
@@ -378,7 +367,7 @@ class ComputeInline(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index, consumer = _int_param(action, "nest"), action["consumer"]
+        index, consumer = int_param(action, "nest"), action["consumer"]
         producer = _producer(program, index)
         conflict = _inline_conflict(program, index, consumer, producer)
         if conflict:
@@ -497,7 +486,7 @@ class ExpressionSplitting(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index = _int_param(action, "nest")
+        index = int_param(action, "nest")
         nest, eqs = _flat(program, index)
         e, path, node = _split_term(program, nest, eqs, action["term"])
         dims, order = _names_param(action, "dims"), _names_param(action, "loops")
@@ -599,7 +588,7 @@ class ExpressionReorder(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index = _int_param(action, "nest")
+        index = int_param(action, "nest")
         self.site(program, index)
         nests = list(program.nests)
         nests[index], nests[index + 1] = nests[index + 1], nests[index]
@@ -744,7 +733,7 @@ class TensorSplitToDecoupleOperators(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index, at = _int_param(action, "nest"), _int_param(action, "at")
+        index, at = int_param(action, "nest"), int_param(action, "at")
         plan = _split_plan(program, index, action["loop"])
         if not 0 < at < plan.extent:
             raise IllegalActionError(f"at must lie strictly inside loop {plan.var}'s range 0..{plan.extent}, got {at}")
@@ -965,7 +954,7 @@ class TensorConcatToFuseOperators(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index = _int_param(action, "nest")
+        index = int_param(action, "nest")
         plan = _concat_plan(program, index, action["loop"])
         tensors = _names_param(action, "tensors")
         names = [a.name for a, _ in plan.pairs]
@@ -1194,7 +1183,7 @@ class DeadCodeElimination(Strategy):
     def site(self, program: Program, index) -> None:
         nest = nest_at(program, index)
         for name in writes(nest):
-            if not _is_intermediate(program, name):
+            if not is_intermediate(program, name):
                 raise IllegalActionError(f"nest {index} writes {name}, a signature tensor")
         readers = users(program.nests, index)
         if readers:
@@ -1206,7 +1195,7 @@ class DeadCodeElimination(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index = _int_param(action, "nest")
+        index = int_param(action, "nest")
         self.site(program, index)
         return program.replace_nests(program.nests[:index] + program.nests[index + 1:])
 

@@ -1,75 +1,42 @@
-"""Online-algorithm strategies: prefix (scan) forms of reductions, online softmax, flash attention without
-tiling, the exponential / additive / multiplicative splits, and partially-equivalent-then-correct.
+"""Online-algorithm strategies: prefix (scan) forms of reductions, online softmax, and flash attention without
+tiling.
 
 Sites come from the analysis, never from the text: a max reduction is `reduction(...).op == "max"` over one
 loop, a softmax chain is a sum-of-exp reduction whose exponent subtracts a tensor that use-def traces to a max
 reduction of the same values, attention is that chain followed by the normalisation and the one reduction that
 reads the probabilities. Numerics are not bitwise: every rewrite here reassociates or rescales floating-point
 work, the explanations say so, and candidates are offered only where `ValueFacts` proves the rewrite cannot
-create NaN or a division by zero (the reference's `x/p*p` with a data value `p`, and its online recurrences
-on rows whose first score is -inf, are not offered).
+create NaN or a division by zero (the reference's online recurrences on rows whose first score is -inf are
+not offered).
 
 Result shapes follow the Step-TP reference (scan tensors that keep one element per step, guarded
 predecessors `if_then_else(a-1<0,-inf,X_{...,a-1})`, a copy nest that reads the last step) so that `identify`
 recognises its rows. online_softmax and flashattention_wo_tiling also offer `state=inplace`, one running value
 per row updated in place: the same recurrences without the per-step storage, which is what makes them pay.
+The value splits are in `value_splits.py`, partially_equivalent_then_correct in `shared_then_correct.py`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from ..errors import IllegalActionError
-from ..ir.analysis import element_positions, reads, reduction, reduction_identity, writes, written_elements
-from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Nest, Statement, Var, accesses,
-                      children, equations, free_vars, map_children, replace_accesses, walk)
+from ..ir.analysis import reads, reduction, writes
+from ..ir.ast import Access, BinOp, Call, Const, Equation, Expr, Loop, Nest, Statement, Var, accesses, replace_accesses
 from ..ir.dtypes import is_float
 from ..ir.printer import print_expr
 from ..ir.program import Program
 from .base import Action, Strategy, register
-from .graph_util import (bounds_of, describe_loops, flat_equations, in_bounds, loops_with_extent, node_at, ranges_apart,
-                         replace_at, substitute, trip_count, value_dtype, value_paths)
-from .online_util import (FINITE, MINUS_INF, NONZERO_FINITE, POS_INF, ValueFacts, extended, finite_guard, lagged,
-                          positional_renaming, rename_vars, scan_dim, single_equation)
-from .util import fresh_loop_var, fresh_tensor, nest_at
+from .graph_util import bounds_of, describe_loops, substitute, trip_count
+from .online_util import (FINITE, MINUS_INF, POS_INF, ValueFacts, extended, finite_guard, lagged, positional_renaming,
+                          rename_vars, scan_dim, single_equation)
+from .util import flag_param, fresh_loop_var, fresh_tensor, int_param, is_intermediate, nest_at, quiet, writer_nests
 
-
-# -- shared checks -------------------------------------------------------------------------------------------------
-
-def _int(action: Action, key: str) -> int:
-    value = action[key]
-    if not isinstance(value, int):
-        raise IllegalActionError(f"{key} must be an integer, got {value!r}")
-    return value
-
-
-def _flag(action: Action, key: str) -> int:
-    value = action[key]
-    if value not in (0, 1):
-        raise IllegalActionError(f"{key} must be 0 or 1, got {value!r}")
-    return value
-
-
-def _quiet(check, *args):
-    """`check(*args)`, or None where it raises IllegalActionError (for candidate enumeration)."""
-    try:
-        return check(*args)
-    except IllegalActionError:
-        return None
 
 
 def _pinned(expr: Expr, loops: tuple[Loop, ...]) -> Expr:
     """`expr` with the variables of one-iteration loops replaced by 0, so `H_{a,c}` inside `L^{1}_{c=0}`
     compares equal to `H_{a,0}`."""
     return substitute(expr, {l.var: Const(0) for l in loops if l.extent == 1})
-
-
-def _is_intermediate(program: Program, name: str) -> bool:
-    return name not in program.signature
-
-
-def _writer_nests(program: Program, name: str) -> list[int]:
-    return [j for j, n in enumerate(program.nests) if name in writes(n)]
 
 
 def _reader_nests(program: Program, name: str, exclude: tuple[int, ...] = ()) -> list[int]:
@@ -205,8 +172,8 @@ def _chain(program: Program, index) -> _Chain:
     if not (isinstance(arg, BinOp) and arg.op == "-" and isinstance(arg.rhs, Access)):
         raise IllegalActionError(f"the sum in nest {index} does not add exp(x - M) with M a tensor")
     m_name = arg.rhs.name
-    writers = _writer_nests(program, m_name)
-    if len(writers) != 1 or writers[0] >= index or not _is_intermediate(program, m_name):
+    writers = writer_nests(program, m_name)
+    if len(writers) != 1 or writers[0] >= index or not is_intermediate(program, m_name):
         raise IllegalActionError(f"{m_name} is not an intermediate written by one earlier nest")
     site = _max_site(program, writers[0])
     renaming = positional_renaming(nest.loops, site.nest.loops)
@@ -318,11 +285,11 @@ class NormalLoopMaxToPrefixMax(Strategy):
     params = ("nest",)
 
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        return [self.action(nest=i) for i in range(len(program.nests)) if _quiet(_max_site, program, i)]
+        return [self.action(nest=i) for i in range(len(program.nests)) if quiet(_max_site, program, i)]
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        site = _max_site(program, _int(action, "nest"))
+        site = _max_site(program, int_param(action, "nest"))
         scan = _scan_of(site, site.eq.lhs, fresh_tensor(program), "g")
         nests = (Nest(site.nest.loops, (_running_max(scan, site.x),)), _copy_last(site.outer, site.eq.lhs, scan))
         return program.replace_nests(program.nests[:site.index] + nests + program.nests[site.index + 1:])
@@ -354,7 +321,7 @@ class _ChainStrategy(Strategy):
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
         found = []
         for i in range(len(program.nests)):
-            site = _quiet(self.site, program, i)
+            site = quiet(self.site, program, i)
             if site is not None:
                 found += [self.action(**params) for params in self.menu(program, site)]
         return found
@@ -390,9 +357,9 @@ class NormalLoopSummationOnExpToPrefixSummationOnExp(_ChainStrategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        chain = _chain(program, _int(action, "nest"))
+        chain = _chain(program, int_param(action, "nest"))
         site = chain.site
-        fused, m, s = _fused_pass(chain, fresh_tensor(program), _flag(action, "guard"))
+        fused, m, s = _fused_pass(chain, fresh_tensor(program), flag_param(action, "guard"))
         copy = _copy_last(site.outer, chain.s, s)
         later = _last_step({m.access.name: m})
         rest = [_map_accesses(n, later) for j, n in enumerate(program.nests) if j > site.index and j != chain.index]
@@ -433,16 +400,16 @@ class OnlineSoftmax(_ChainStrategy):
 
     def site(self, program: Program, index) -> _Chain:
         chain = _chain(program, index)
-        if not _is_intermediate(program, chain.s.name) or _writer_nests(program, chain.s.name) != [chain.index]:
+        if not is_intermediate(program, chain.s.name) or writer_nests(program, chain.s.name) != [chain.index]:
             raise IllegalActionError(f"{chain.s.name} is a signature tensor or written elsewhere; its reads "
                                      "cannot be redirected to the running sum")
         return chain
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        chain = self.site(program, _int(action, "nest"))
+        chain = self.site(program, int_param(action, "nest"))
         site = chain.site
-        guard, state = _flag(action, "guard"), _state(action)
+        guard, state = flag_param(action, "guard"), _state(action)
         rest = [n for j, n in enumerate(program.nests) if j > site.index and j != chain.index]
         if state == "inplace":
             run = _running(chain, _fresh_names(program, 3), guard)
@@ -524,7 +491,7 @@ def _normalisation(program: Program, chain: _Chain, n: int) -> tuple[Access, dic
     names = [i.name for i in p.indices if isinstance(i, Var)]
     if len(names) != p.rank or len(set(names)) != p.rank or set(names) != {l.var for l in nest.loops}:
         raise IllegalActionError(f"{p.name} is not written one element per iteration of nest {n}")
-    if not _is_intermediate(program, p.name) or _writer_nests(program, p.name) != [n]:
+    if not is_intermediate(program, p.name) or writer_nests(program, p.name) != [n]:
         raise IllegalActionError(f"{p.name} is a signature tensor or written by other nests")
     return p, renaming
 
@@ -580,7 +547,7 @@ def _attention(program: Program, index) -> _Attention:
     chain = _chain(program, index)
     site = chain.site
     m_name, s_name = site.eq.lhs.name, chain.s.name
-    if not _is_intermediate(program, s_name) or _writer_nests(program, s_name) != [chain.index]:
+    if not is_intermediate(program, s_name) or writer_nests(program, s_name) != [chain.index]:
         raise IllegalActionError(f"{s_name} is a signature tensor or written elsewhere")
     norms = _reader_nests(program, s_name)
     if len(norms) != 1 or _reader_nests(program, m_name, exclude=(chain.index, norms[0])):
@@ -676,8 +643,8 @@ class FlashattentionWoTiling(_ChainStrategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        att = _attention(program, _int(action, "nest"))
-        guard, state = _flag(action, "guard"), _state(action)
+        att = _attention(program, int_param(action, "nest"))
+        guard, state = flag_param(action, "guard"), _state(action)
         final_loops = _copy_order(att, program, action["order"])
         fused = (_flash_inplace if state == "inplace" else _flash_scan)(program, att, guard, final_loops)
         nests = []
@@ -728,745 +695,3 @@ class FlashattentionWoTiling(_ChainStrategy):
                 f"needs them. The {rows * keys} probabilities are no longer written and read back, and four passes "
                 "over the scores become one, at the cost of a rescale per key and head element. "
                 f"{_rounding_note('the sum and the output are')}{_guard_note(before, att.chain, action['guard'])}")
-
-
-# -- exponential_split / additive_split / multiplicative_split --------------------------------------------------------
-
-def _catalogue(program: Program, name: str) -> list[Access]:
-    """The distinct accesses of tensor `name` (by subscript) in program order, writes before reads within an
-    equation: what a split's `at` parameter indexes."""
-    found: dict[tuple, Access] = {}
-    for nest in program.nests:
-        for _, eq in equations(nest):
-            for acc in (eq.lhs, *accesses(eq.rhs)):
-                if acc.name == name:
-                    found.setdefault(acc.indices, replace(acc, parens=0))
-    return list(found.values())
-
-
-@dataclass(frozen=True)
-class _SplitSite:
-    """The sub-expression `node` at `path` (equation index, then child positions) of flat nest `index`."""
-
-    index: int
-    path: tuple[int, ...]
-    eq: Equation
-    node: Expr
-    loops: tuple[Loop, ...]
-
-    @property
-    def parent(self) -> Expr | None:
-        """The node around the split value (None when it is the whole right-hand side)."""
-        return node_at(self.eq.rhs, self.path[1:-1]) if len(self.path) > 1 else None
-
-
-def _value_position(expr: Expr, path: tuple[int, ...]) -> str | None:
-    """Why the node at `path` is not a value the equation computes with (a subscript, a condition), or None."""
-    node = expr
-    for step in path:
-        if isinstance(node, (Access, Compare, And)):
-            return "inside a subscript or a comparison"
-        if isinstance(node, Call) and node.func == "if_then_else" and step == 0:
-            return "inside the condition of an if_then_else"
-        node = children(node)[step]
-    return None
-
-
-class _Split(Strategy):
-    """Shared machinery: rewrite the value at `path` of nest `nest` in terms of p, an access of tensor `by` at
-    its `at`-th distinct subscript in the program, or (`shift=1`) its predecessor along the last subscript,
-    guarded to the split's identity at the first element."""
-
-    params = ("nest", "path", "by", "at", "shift")
-    identity = 0
-    allowed = FINITE
-    requirement = "finite"
-
-    def source(self, node: Expr) -> Access | None:
-        """The access whose predecessor the candidate menu splits by (default: the value itself, when it is a
-        float read), or None where nothing is offered."""
-        return node if isinstance(node, Access) and is_float(node.dtype) else None
-
-    def rewrite(self, site: _SplitSite, p: Expr, action: Action) -> Expr:
-        raise NotImplementedError
-
-    def site(self, program: Program, index, path) -> _SplitSite:
-        nest = nest_at(program, index)
-        eqs = flat_equations(nest)
-        if eqs is None:
-            raise IllegalActionError(f"nest {index} holds an inner nest; splits work on flat nests")
-        if not isinstance(path, tuple) or not path or not all(isinstance(s, int) for s in path) \
-                or not 0 <= path[0] < len(eqs):
-            raise IllegalActionError(f"path must be [equation, child, ...] with equation below {len(eqs)}, "
-                                     f"got {path!r}")
-        eq = eqs[path[0]]
-        node = node_at(eq.rhs, path[1:])
-        why = _value_position(eq.rhs, path[1:])
-        if why is None and eq.lhs.name in {a.name for a in accesses(node)}:
-            why = f"it reads the target {eq.lhs.name} (the accumulator stays outside the split)"
-        if why is None and not is_float(value_dtype(node, eq.lhs.dtype) or ""):
-            why = "it is not a float value"
-        if why is None:
-            why = self.unsuitable(node)
-        if why:
-            raise IllegalActionError(f"cannot split {print_expr(node)} in nest {index}: {why}")
-        return _SplitSite(index, path, eq, node, nest.loops)
-
-    def unsuitable(self, node: Expr) -> str | None:
-        return None
-
-    def split_value(self, program: Program, site: _SplitSite, by, at, shift, facts: ValueFacts) -> Expr:
-        """p, checked: in bounds, available before the nest, and of the kinds the split allows."""
-        found = _catalogue(program, by) if isinstance(by, str) else []
-        if not isinstance(at, int) or not 0 <= at < len(found):
-            raise IllegalActionError(f"{by!r} has no access number {at!r} ({len(found)} distinct subscripts)")
-        base = found[at]
-        bounds = bounds_of(site.loops)
-        if not is_float(base.dtype) or not in_bounds(program, base, bounds):
-            raise IllegalActionError(f"{print_expr(base)} is not a float read inside {by} for every iteration "
-                                     f"of nest {site.index}")
-        if not _available(program, base, site.index, bounds, int(bool(shift))):
-            what = f"the predecessor of {print_expr(base)}" if shift else print_expr(base)
-            raise IllegalActionError(f"{what} is not written (or not final) before nest {site.index}")
-        if shift and not (base.rank and free_vars(base.indices[-1])):
-            raise IllegalActionError(f"{print_expr(base)} has no loop variable in its last subscript to shift")
-        p = lagged(base, base.rank - 1, Const(self.identity)) if shift else base
-        kinds = facts.kinds(p)
-        if not kinds <= self.allowed:
-            raise IllegalActionError(f"{print_expr(p)} may be {', '.join(sorted(kinds - self.allowed))}; "
-                                     f"{self.name} needs a {self.requirement} split value")
-        return p
-
-    def plan(self, program: Program, action: Action, facts: ValueFacts) -> tuple[_SplitSite, Expr, Expr]:
-        site = self.site(program, _int(action, "nest"), action["path"])
-        p = self.split_value(program, site, action["by"], action["at"], _flag(action, "shift"), facts)
-        return site, p, self.rewrite(site, p, action)
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        site, _, rhs = self.plan(program, action, ValueFacts(program))
-        nest = program.nests[site.index]
-        body = tuple(Equation(s.lhs, rhs) if k == site.path[0] else s for k, s in enumerate(nest.body))
-        nests = program.nests
-        return program.replace_nests(nests[:site.index] + (replace(nest, body=body),) + nests[site.index + 1:])
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        """Sites inside reduction operands only (where a split prepares a prefix or online form), split by the
-        predecessor of the site's own operand."""
-        facts = ValueFacts(program)
-        found = []
-        for i, nest in enumerate(program.nests):
-            for e, eq in enumerate(flat_equations(nest) or []):
-                if reduction(nest.loops, eq) is None:
-                    continue
-                for sub in value_paths(eq.rhs):
-                    source = self.source(node_at(eq.rhs, sub))
-                    if source is None:
-                        continue
-                    at = [a.indices for a in _catalogue(program, source.name)].index(source.indices)
-                    action = self.action(nest=i, path=(e,) + sub, by=source.name, at=at, shift=1, **self.forms()[0])
-                    if _quiet(self.plan, program, action, facts) is not None:
-                        found.append(action)
-        return found
-
-    def forms(self) -> tuple[dict, ...]:
-        """Values of the strategy's extra parameters; the first is the candidate menu's."""
-        return ({},)
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        """Split values read off the one changed sub-expression of `after`, at that node or its children."""
-        changed = [i for i, (a, b) in enumerate(zip(before.nests, after.nests)) if a != b]
-        if len(before.nests) != len(after.nests) or len(changed) != 1:
-            return []
-        i = changed[0]
-        old, new = flat_equations(before.nests[i]), flat_equations(after.nests[i])
-        if old is None or new is None or len(old) != len(new):
-            return []
-        found = []
-        for e, (x, y) in enumerate(zip(old, new)):
-            if x == y or x.lhs != y.lhs:
-                continue
-            path = _diff_path(x.rhs, y.rhs)
-            subs = [path] + [path + (k,) for k in range(len(children(node_at(x.rhs, path))))]
-            for sub in subs:
-                for by, at, shift in _split_values(before, node_at(y.rhs, path)):
-                    for form in self.forms():
-                        found.append(self.action(nest=i, path=(e,) + sub, by=by, at=at, shift=shift, **form))
-        return found
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        facts = ValueFacts(before)
-        site, p, rhs = self.plan(before, action, facts)
-        by = action["by"]
-        origin = (f"{by} is caller data, finite by assumption" if by in before.signature
-                  and before.signature[by].role != "output" else
-                  f"{by} is written by nest{'s' if len(_writer_nests(before, by)) > 1 else ''} "
-                  f"{', '.join(map(str, _writer_nests(before, by)))}, whose values the analysis bounds to "
-                  f"{{{', '.join(sorted(facts.tensor_kinds(by)))}}}")
-        where = ("the predecessor of " + print_expr(_catalogue(before, by)[action["at"]]) + " along its last "
-                 f"subscript ({self.identity} at the first element)" if action["shift"] else print_expr(p))
-        nest = before.nests[site.index]
-        return (f"{self.name} rewrote {print_expr(site.node)} in equation {site.path[0]} of nest {site.index} "
-                f"({describe_loops(nest.loops)}), which now computes {site.eq.lhs.name} = {print_expr(rhs)}, "
-                f"with p = {where}. It is legal because {origin}, so p is {self.requirement} wherever it is read "
-                f"and the rewrite is an identity in exact arithmetic ({self.identity_text}). Not bitwise: "
-                f"rounding changes, {self.rounding}; verification decides. The nest still makes one pass of "
-                f"{trip_count(nest.loops)} iterations, with one more read and two more operations per iteration: "
-                "on its own it is slower; it exposes p so that a later rewrite (a prefix or online form, "
-                "or moving the p terms out of the reduction) can use it.")
-
-
-def _available(program: Program, read: Access, index: int, bounds: dict[str, int], shift: int = 0) -> bool:
-    """True when every element `read` names (inside loops `bounds`; with `shift`, its predecessor along the
-    last subscript instead, where it has one) is written before nest `index` and holds its final value there.
-
-    Final: the tensor is caller data, or only earlier nests write it, or an earlier nest writes `read`'s very
-    elements (same subscript, loops at least as long) and the later writes up to nest `index` are provably
-    elsewhere (a different constant subscript, as `D_{1,...}` after `D_{0,...}`). Written: that same-subscript
-    write covers `read`, and its predecessors too when the last subscript is a loop variable of its own;
-    otherwise the earlier writes are enumerated (`_written_before`). A copy that tensor_split made may hold
-    only every third element: the elements between are memory that nobody wrote."""
-    name = read.name
-    if name in program.signature and program.signature[name].role != "output":
-        return True
-    writers = _writer_nests(program, name)
-    used = {v for i in read.indices for v in free_vars(i)}
-    same = next((j for j in reversed([w for w in writers if w < index]) for loops, eq in equations(program.nests[j])
-                 if eq.lhs.indices == read.indices and all(bounds_of(loops).get(v, 0) >= bounds[v] for v in used)),
-                None)
-    if not (writers and max(writers) < index) and not (
-            same is not None and all(ranges_apart(other.lhs, bounds_of(around), read, bounds)
-                                     for w in writers if same < w <= index
-                                     for around, other in equations(program.nests[w]) if other.lhs.name == name)):
-        return False
-    last = read.indices[-1] if read.rank else None
-    own_var = isinstance(last, Var) and all(last.name not in free_vars(i) for i in read.indices[:-1])
-    return (same is not None and (not shift or own_var)) or _written_before(program, read, index, bounds, shift)
-
-
-def _written_before(program: Program, read: Access, index: int, bounds: dict[str, int], shift: int) -> bool:
-    """True when nests before `index` write every element `read` names inside loops `bounds` (with `shift`,
-    the predecessor along the last subscript, where one exists); False where that cannot be shown."""
-    done = written_elements(program, read.name, index)
-    if done is True or done is None:
-        return bool(done)
-    wanted = element_positions(read.indices, done.shape, bounds, -shift)
-    return wanted is not None and bool(done.ravel()[wanted].all())
-
-
-def _diff_path(one: Expr, two: Expr) -> tuple[int, ...]:
-    """Path to the smallest sub-expression of `one` that differs from the same place in `two`."""
-    path: list[int] = []
-    while type(one) is type(two) and _head(one) == _head(two) and len(children(one)) == len(children(two)):
-        differing = [k for k, (a, b) in enumerate(zip(children(one), children(two))) if a != b]
-        if len(differing) != 1:
-            break
-        path.append(differing[0])
-        one, two = children(one)[differing[0]], children(two)[differing[0]]
-    return tuple(path)
-
-
-def _head(expr: Expr):
-    return getattr(expr, "op", None) or getattr(expr, "func", None) or getattr(expr, "name", None)
-
-
-def _split_values(program: Program, expr: Expr) -> list[tuple[str, int, int]]:
-    """(by, at, shift) of every access in `expr`, and of every guarded predecessor
-    `if_then_else(e-1<0,k,X_{...,e-1})`, whose subscript the program already uses."""
-    found: dict[tuple, None] = {}
-    for node in walk(expr):
-        if isinstance(node, Access):
-            key, shift = node, 0
-        elif isinstance(node, Call) and node.func == "if_then_else" and isinstance(node.args[2], Access) \
-                and node.args[2].rank:
-            shifted = node.args[2]
-            cond = node.args[0]
-            if not (isinstance(cond, Compare) and isinstance(cond.operands[0], BinOp)):
-                continue
-            key = replace(shifted, indices=shifted.indices[:-1] + (cond.operands[0].lhs,))
-            if lagged(key, key.rank - 1, node.args[1]) != node:
-                continue
-            shift = 1
-        else:
-            continue
-        subscripts = [a.indices for a in _catalogue(program, key.name)]
-        if key.indices in subscripts:
-            found.setdefault((key.name, subscripts.index(key.indices), shift), None)
-    return list(found)
-
-
-@register
-class AdditiveSplit(_Split):
-    """Write the value x at `path` of nest `nest` as x + p - p (see `_Split` for p). Inside a sum the terms
-    join the chain (`y+x` becomes `y+x+p-p`), elsewhere x+p-p takes x's place.
-
-    Preconditions: the nest is flat; x is a float value (not inside a subscript or condition, not reading
-    the equation's target); p is a float read, in bounds for every iteration, of a tensor complete before the
-    nest (an input, or written only by earlier nests), and finite wherever it is read (ValueFacts)."""
-
-    name = "additive_split"
-    identity_text = "x + p - p = x"
-    rounding = "x+p rounds to the precision of |p|, so up to one ulp of |p| is lost"
-
-    def rewrite(self, site: _SplitSite, p: Expr, action: Action) -> Expr:
-        rhs, sub, parent = site.eq.rhs, site.path[1:], site.parent
-        if isinstance(parent, BinOp) and (parent.op == "+" or (parent.op == "-" and sub[-1] == 0)):
-            if sub[-1] == 0:
-                return replace_at(rhs, sub[:-1], replace(parent, lhs=BinOp("-", BinOp("+", site.node, p), p)))
-            chain = BinOp("-", BinOp("+", replace(parent, parens=0), p), p, parens=parent.parens)
-            return replace_at(rhs, sub[:-1], chain)
-        return replace_at(rhs, sub, BinOp("-", BinOp("+", site.node, p), p))
-
-
-@register
-class MultiplicativeSplit(_Split):
-    """Write the value x at `path` of nest `nest` as x / p * p (see `_Split` for p), parenthesized inside a
-    product or quotient.
-
-    Preconditions: those of additive_split, and p is provably non-zero and finite wherever it is read: a
-    positive constant, an exp, a softplus, a sigmoid, ... (ValueFacts); a data value that may be zero is
-    refused (the reference divides by such values)."""
-
-    name = "multiplicative_split"
-    identity = 1
-    allowed = NONZERO_FINITE
-    requirement = "non-zero and finite"
-    identity_text = "x / p * p = x for p != 0"
-    rounding = "x/p*p rounds twice, up to about one ulp of x"
-
-    def rewrite(self, site: _SplitSite, p: Expr, action: Action) -> Expr:
-        inside_product = isinstance(site.parent, BinOp) and site.parent.op in ("*", "/")
-        split = BinOp("*", BinOp("/", site.node, p), p, parens=int(inside_product))
-        return replace_at(site.eq.rhs, site.path[1:], split)
-
-
-@register
-class ExponentialSplit(_Split):
-    """Write exp(a - b) at `path` of nest `nest` as exp(a - p) * exp(p - b) (`form=mul`) or
-    exp(a - p) / exp(b - p) (`form=div`), and any other exp(x) as exp(x - p) * exp(p) (see `_Split` for p).
-
-    Preconditions: those of additive_split, with x an exp call; `form=div` needs an argument of the form
-    a - b. p finite keeps both factors free of inf*0; they can still overflow when x and p differ by more
-    than about 88 (float32), which no analysis of the data rules out: verification decides."""
-
-    name = "exponential_split"
-    params = _Split.params + ("form",)
-    identity_text = "exp(a-p)*exp(p-b) = exp(a-b)"
-    rounding = "the product of two rounded exponentials differs from one exponential by a few ulps"
-
-    def unsuitable(self, node: Expr) -> str | None:
-        return None if isinstance(node, Call) and node.func == "exp" else "it is not an exp call"
-
-    def source(self, node: Expr) -> Access | None:
-        if not (isinstance(node, Call) and node.func == "exp"):
-            return None
-        arg = node.args[0]
-        for path in value_paths(arg):
-            found = node_at(arg, path)
-            if isinstance(found, Access) and is_float(found.dtype) and _value_position(arg, path) is None:
-                return found
-        return None
-
-    def forms(self) -> tuple[dict, ...]:
-        return ({"form": "mul"}, {"form": "div"})
-
-    def rewrite(self, site: _SplitSite, p: Expr, action: Action) -> Expr:
-        form = action["form"]
-        if form not in ("mul", "div"):
-            raise IllegalActionError(f"form must be mul or div, got {form!r}")
-        arg = site.node.args[0]
-        difference = isinstance(arg, BinOp) and arg.op == "-"
-        if form == "div" and not difference:
-            raise IllegalActionError(f"form=div needs exp(a - b), not exp({print_expr(arg)})")
-        if form == "div":
-            new = BinOp("/", _exp(BinOp("-", arg.lhs, p)), _exp(BinOp("-", arg.rhs, p)))
-        elif difference:
-            new = BinOp("*", _exp(BinOp("-", arg.lhs, p)), _exp(BinOp("-", p, arg.rhs)))
-        else:
-            new = BinOp("*", _exp(BinOp("-", arg, p)), _exp(p))
-        return replace_at(site.eq.rhs, site.path[1:], new)
-
-
-def _exp(arg: Expr) -> Call:
-    return Call("exp", (arg,))
-
-
-
-# -- partially_equivalent_then_correct -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Pad:
-    """`P_{v} = if_then_else(cond, S_{v-offsets}, fill)` in flat nest `index`: a padded copy of S."""
-
-    index: int
-    nest: Nest
-    target: Access
-    cond: Expr
-    source: Access
-    fill: Expr
-
-    def offset(self, dim: int) -> int | None:
-        index, var = self.source.indices[dim], self.target.indices[dim]
-        if index == var:
-            return 0
-        if isinstance(index, BinOp) and index.op == "-" and index.lhs == var and isinstance(index.rhs, Const) \
-                and index.rhs.is_int:
-            return index.rhs.value
-        return None
-
-
-def _pad(program: Program, name: str) -> _Pad | None:
-    """The padded copy `name` (one nest writing if_then_else(in range, S at constant offsets, fill) at its loop
-    variables), or None where `name` is anything else."""
-    writers = _writer_nests(program, name)
-    eq = single_equation(program.nests[writers[0]]) if len(writers) == 1 else None
-    rhs = eq.rhs if eq is not None else None
-    if not (isinstance(rhs, Call) and rhs.func == "if_then_else" and isinstance(rhs.args[1], Access)
-            and rhs.args[1].rank == eq.lhs.rank and rhs.args[1].name != name and not list(accesses(rhs.args[2]))):
-        return None
-    nest = program.nests[writers[0]]
-    names = [i.name for i in eq.lhs.indices if isinstance(i, Var)]
-    if len(names) != eq.lhs.rank or sorted(names) != sorted(l.var for l in nest.loops):
-        return None
-    pad = _Pad(writers[0], nest, eq.lhs, rhs.args[0], rhs.args[1], rhs.args[2])
-    return pad if all(pad.offset(d) is not None for d in range(eq.lhs.rank)) else None
-
-
-def _range_chain(cond: Expr, var: str) -> list[Compare]:
-    """The `lo<=v<hi` chains of a conjunction that mention loop variable `var`."""
-    if isinstance(cond, And):
-        return _range_chain(cond.lhs, var) + _range_chain(cond.rhs, var)
-    return [cond] if isinstance(cond, Compare) and var in free_vars(cond) else []
-
-
-def _widen(cond: Expr, chain: Compare | None, extra: int) -> Expr:
-    """`cond` with the upper bound of `chain` raised by `extra`."""
-    if cond is chain:
-        hi = chain.operands[2]
-        return replace(chain, operands=chain.operands[:2] + (Const(hi.value + extra),))
-    if isinstance(cond, And):
-        return replace(cond, lhs=_widen(cond.lhs, chain, extra), rhs=_widen(cond.rhs, chain, extra))
-    return cond
-
-
-def _at(expr: Expr, var: str, index: Expr) -> Expr:
-    """`expr` with loop variable `var` replaced by `index`, parenthesized where it is part of a larger
-    subscript (`c+f` -> `(c+512)+f`, a whole subscript `c` -> `c+512`), as the reference writes it."""
-    if isinstance(expr, Access):
-        inner = replace(index, parens=1)
-        return replace(expr, indices=tuple(index if i == Var(var) else substitute(i, {var: inner})
-                                           for i in expr.indices))
-    if expr == Var(var):
-        return index
-    return map_children(expr, lambda k: _at(k, var, index))
-
-
-@dataclass(frozen=True)
-class _Shared:
-    """Two reductions X1 = reduce(e(T1)) (nest `first`) and X2 = reduce(e(T2)) (nest `second`, variables renamed
-    to the first's) that differ only in the tensor they read, T1 or T2, concatenated along dimension `dim`.
-    The reads index `dim` by output variable `out` plus (in a window of `window` elements) a reduced one.
-    With `pads`, T1 and T2 are identical paddings (`lo` before, `hi` after along `dim`) of sources of length
-    `n`, and the sources are concatenated and padded once; otherwise T1 and T2 themselves (length `n`)."""
-
-    first: int
-    second: int
-    eq1: Equation
-    eq2: Equation
-    op: str
-    operands: tuple[str, str]
-    pads: tuple[_Pad, _Pad] | None
-    dim: int
-    out: str
-    window: int
-    n: int
-    lo: int
-    hi: int
-    chain: Compare | None
-    outputs: tuple[Loop, ...]
-
-    @property
-    def earliest(self) -> int:
-        """Where the shared block goes: before the first nest of the group (reductions and paddings)."""
-        return min([self.first] + [p.index for p in self.pads or ()])
-
-    @property
-    def extent(self) -> int:
-        return next(l.extent for l in self.outputs if l.var == self.out)
-
-    @property
-    def wrong(self) -> tuple[int, int]:
-        """How many outputs of X1 (the last ones) and of X2 (the first ones) read across the seam in the shared
-        form: X1's windows that reach past S1 plus its padding before, X2's that start in its padding before."""
-        return max(0, self.extent - max(0, self.lo + self.n - self.window + 1)), min(self.lo, self.extent)
-
-    def copied(self, extra: int) -> int:
-        """How many outputs of each the copy nest takes from the shared result: half of it each, the second
-        output's aligned to its end (the reference's split), where the correction recomputes the rest; else all."""
-        half = min((self.extent + self.n) // 2, self.extent)
-        return half if self.extent - half <= min(self.recomputed(extra)) else self.extent
-
-    def recomputed(self, extra: int) -> tuple[int, int]:
-        """Outputs of X1 and X2 the correction recomputes: the wrong ones and `extra` more where any is."""
-        return tuple(w + extra if w else 0 for w in self.wrong)
-
-
-def _differing(program: Program, first, second) -> tuple[Equation, Equation, str, str, str, tuple[str, ...]]:
-    """Two flat one-equation reductions with the same operator and loops whose values differ only in the tensor
-    they read: (eq1, eq2 in the first's variables, operator, T1, T2, reduced variables)."""
-    one, two = nest_at(program, first), nest_at(program, second)
-    if not isinstance(first, int) or not isinstance(second, int) or not first < second:
-        raise IllegalActionError("other must be a later nest than nest")
-    eq1, eq2 = single_equation(one), single_equation(two)
-    red1 = reduction(one.loops, eq1) if eq1 is not None else None
-    red2 = reduction(two.loops, eq2) if eq2 is not None else None
-    renaming = positional_renaming(two.loops, one.loops)
-    if red1 is None or red2 is None or red1.op != red2.op or renaming is None:
-        raise IllegalActionError(f"nests {first} and {second} are not the same kind of reduction over the same loops")
-    eq2 = Equation(rename_vars(eq2.lhs, renaming), rename_vars(eq2.rhs, renaming))
-    operand2 = reduction(one.loops, eq2).operand
-    pairs = {(a.name, b.name) for a, b in zip(accesses(red1.operand), accesses(operand2)) if a.name != b.name}
-    if len(pairs) != 1 or eq1.lhs.indices != eq2.lhs.indices or eq1.lhs.name == eq2.lhs.name:
-        raise IllegalActionError(f"nests {first} and {second} do not apply one operator to two different tensors")
-    (t1, t2), = pairs
-    if replace_accesses(operand2, lambda a: replace(a, name=t1) if a.name == t2 else a) != red1.operand:
-        raise IllegalActionError(f"nests {first} and {second} differ elsewhere than in {t1} and {t2}")
-    if {t1, t2} & {eq1.lhs.name, eq2.lhs.name}:
-        raise IllegalActionError(f"nests {first} and {second} read their own targets through {t1} or {t2}")
-    return eq1, eq2, red1.op, t1, t2, red1.reduced_vars
-
-
-def _slide(reads_: list[Access], dim: int, reduced: tuple[str, ...]) -> tuple[str, str | None]:
-    """(output variable, reduced window variable or None) when every read's subscript at `dim` is `o` or
-    `o+w` (unit stride and dilation)."""
-    found = set()
-    for acc in reads_:
-        index = acc.indices[dim]
-        terms = (index.lhs, index.rhs) if isinstance(index, BinOp) and index.op == "+" else (index,)
-        names = tuple(t.name for t in terms if isinstance(t, Var))
-        outer = [v for v in names if v not in reduced]
-        if len(names) != len(terms) or len(outer) != 1 or len(names) - 1 != len(set(names) & set(reduced)):
-            raise IllegalActionError(f"{print_expr(acc)} does not read dimension {dim} at an output variable (plus a "
-                                     "window variable)")
-        found.add((outer[0], next((v for v in names if v in reduced), None)))
-    if len(found) != 1:
-        raise IllegalActionError(f"the reads index dimension {dim} differently")
-    return found.pop()
-
-
-def _padding(program: Program, t1: str, t2: str) -> tuple[_Pad, _Pad] | None:
-    """Both padded copies when T1 and T2 are the same padding of two same-shaped sources, else None."""
-    pads = (_pad(program, t1), _pad(program, t2))
-    if None in pads:
-        return None
-    s1, s2 = pads[0].source, pads[1].source
-    rename = positional_renaming(pads[1].nest.loops, pads[0].nest.loops)
-    same = rename is not None and replace_accesses(
-        rename_vars(pads[1].nest.body[0].rhs, rename),
-        lambda a: replace(a, name=s1.name) if a.name == s2.name else a) == pads[0].nest.body[0].rhs
-    shapes = [program.tensors[s.name].shape for s in (s1, s2)]
-    return pads if same and shapes[0] == shapes[1] and s1.name != s2.name else None
-
-
-def _shared(program: Program, first, second, dim) -> _Shared:
-    eq1, eq2, op, t1, t2, reduced = _differing(program, first, second)
-    shape = program.tensors[t1].shape
-    if program.tensors[t2].shape != shape or not isinstance(dim, int) or not 0 <= dim < len(shape):
-        raise IllegalActionError(f"{t1} and {t2} differ in shape or have no dimension {dim!r}")
-    operand = reduction(program.nests[first].loops, eq1).operand
-    out, window = _slide([a for a in accesses(operand) if a.name == t1], dim, reduced)
-    if any(out in free_vars(i) for a in accesses(operand) for d, i in enumerate(a.indices)
-           if a.name != t1 or d != dim) or Var(out) not in eq1.lhs.indices:
-        raise IllegalActionError(f"other operands read along {out}, or the result is not written at {out}: only "
-                                 f"{t1} and {t2} can be concatenated along it")
-    loops = program.nests[first].loops
-    outputs = tuple(l for l in loops if l.var not in reduced)
-    width = program.nests[first].loop(window).extent if window else 1
-    pads = _padding(program, t1, t2)
-    n, lo, hi, chain = shape[dim], 0, 0, None
-    if pads is not None:
-        var = pads[0].target.indices[dim].name
-        chains = _range_chain(pads[0].cond, var)
-        n, lo = program.tensors[pads[0].source.name].shape[dim], pads[0].offset(dim)
-        hi = shape[dim] - n - lo
-        chain = chains[0] if chains else None
-        exact = not chains and lo == hi == 0 or len(chains) == 1 and chain.ops == ("<=", "<") \
-            and chain.operands == (Const(lo), Var(var), Const(lo + n))
-        if not exact or hi < 0:
-            raise IllegalActionError(f"the padding of {t1} along dimension {dim} is not lo<=v<lo+n")
-    plan = _Shared(first, second, eq1, eq2, op, (t1, t2), pads, dim, out, width, n, lo, hi, chain, outputs)
-    _check_placement(program, plan)
-    return plan
-
-
-def _check_placement(program: Program, plan: _Shared) -> None:
-    """The shared block runs at `earliest`, the corrections at `second`: what the block reads must be complete
-    by then, and the outputs must not be touched in between where that would see them early or uncorrected."""
-    x1, x2 = plan.eq1.lhs.name, plan.eq2.lhs.name
-    sources = [p.source.name for p in plan.pads] if plan.pads else list(plan.operands)
-    inputs = {a.name for a in accesses(plan.eq1.rhs)} - {x1, *plan.operands} | set(sources)
-    late = sorted(name for name in inputs if any(w >= plan.earliest for w in _writer_nests(program, name)))
-    if late:
-        raise IllegalActionError(f"{', '.join(late)} {'is' if len(late) == 1 else 'are'} not complete before nest "
-                                 f"{plan.earliest}, where the shared form would run")
-    for name, own in ((x1, plan.first), (x2, plan.second)):
-        if min(_writer_nests(program, name)) != own:
-            raise IllegalActionError(f"{name} is written before its reduction (nest {own})")
-    corrected = plan.wrong[0] > 0
-    for k in range(plan.earliest, plan.second):
-        touched = set(reads(program.nests[k]) + writes(program.nests[k]))
-        if k != plan.first and (x2 in touched or x1 in touched and (k < plan.first or corrected)):
-            raise IllegalActionError(f"nest {k} touches {x1 if x1 in touched else x2}, which the shared form "
-                                     f"writes earlier{' and corrects later' if corrected else ''}")
-
-
-def _shared_nests(program: Program, plan: _Shared, extra: int) -> list[Nest]:
-    """Concatenate the two tensors (their sources, padded once, with `pads`) along `dim`, reduce once over
-    the longer output loop, and copy both results out (but what the correction recomputes anyway)."""
-    joined = fresh_tensor(program)
-    padded = fresh_tensor(program, {joined}) if plan.pads else joined
-    result = fresh_tensor(program, {joined, padded})
-    dtype = program.tensors[plan.operands[0]].dtype
-    if plan.pads:
-        pad = plan.pads[0]
-        plain, var = pad.target.indices, pad.target.indices[plan.dim].name
-        sources = tuple(replace(p.source, indices=plain) for p in plan.pads)
-        shape = program.tensors[pad.source.name].shape
-        copy_loops = tuple(replace(l, extent=shape[plain.index(Var(l.var))]) for l in pad.nest.loops)
-    else:
-        copy_loops = _loops_over(program.tensors[plan.operands[0]].shape)
-        plain = tuple(Var(l.var) for l in copy_loops)
-        sources = tuple(Access(t, dtype, "g", plain) for t in plan.operands)
-    seam = tuple(BinOp("+", i, Const(plan.n)) if k == plan.dim else i for k, i in enumerate(plain))
-    nests = [Nest(copy_loops, (Equation(Access(joined, dtype, "g", plain), sources[0]),
-                               Equation(Access(joined, dtype, "g", seam), sources[1])))]
-    if plan.pads:
-        widened = loops_with_extent(pad.nest.loops, var, pad.nest.loop(var).extent + plan.n)
-        cond = _widen(pad.cond, plan.chain, plan.n)
-        nests.append(Nest(widened, (Equation(replace(pad.target, name=padded),
-                                             Call("if_then_else", (cond, replace(pad.source, name=joined),
-                                                                   pad.fill))),)))
-    first = program.nests[plan.first]
-    rename = {plan.eq1.lhs.name: result, plan.operands[0]: padded}
-    shared = Equation(*(replace_accesses(e, lambda a: replace(a, name=rename.get(a.name, a.name)))
-                        for e in (plan.eq1.lhs, plan.eq1.rhs)))
-    nests.append(Nest(loops_with_extent(first.loops, plan.out, plan.extent + plan.n), (shared,)))
-    copied = plan.copied(extra)
-    skip = plan.extent - copied
-    second = substitute(plan.eq2.lhs, {plan.out: BinOp("+", Var(plan.out), Const(skip))}) if skip else plan.eq2.lhs
-    moved = substitute(plan.eq1.lhs, {plan.out: BinOp("+", Var(plan.out), Const(skip + plan.n))})
-    nests.append(Nest(loops_with_extent(plan.outputs, plan.out, copied),
-                      (Equation(plan.eq1.lhs, replace(plan.eq1.lhs, name=result)),
-                       Equation(second, replace(moved, name=result)))))
-    return nests
-
-
-def _loops_over(shape: tuple[int, ...]) -> tuple[Loop, ...]:
-    loops: list[Loop] = []
-    for extent in shape:
-        loops.append(Loop("L", extent, fresh_loop_var(Nest(tuple(loops), ()))))
-    return tuple(loops)
-
-
-def _corrections(program: Program, plan: _Shared, extra: int) -> list[Nest]:
-    """Recompute from the original formula the last outputs of X1 and the first of X2 (in reverse order, as
-    the reference writes them) that the shared form got wrong, and `extra` more on each side."""
-    first = program.nests[plan.first]
-    nests = []
-    for eq, count, last in zip((plan.eq1, plan.eq2), plan.recomputed(extra), (True, False)):
-        if count > plan.extent:
-            raise IllegalActionError(f"extra={extra} recomputes more than the {plan.extent} outputs along {plan.out}")
-        if not count:
-            continue
-        start = plan.extent - count
-        index = (BinOp("+", Var(plan.out), Const(start)) if start else Var(plan.out)) if last \
-            else BinOp("-", Const(count - 1), Var(plan.out))
-        lhs, rhs = _at(eq.lhs, plan.out, index), _at(eq.rhs, plan.out, index)
-        init = Const(reduction_identity(plan.op, eq.lhs.dtype))
-        init = MINUS_INF if init.value == -math.inf else init
-        inner = tuple(l for l in first.loops if l not in plan.outputs)
-        nests.append(Nest(loops_with_extent(plan.outputs, plan.out, count),
-                          (Equation(lhs, init), Nest(inner, (Equation(lhs, rhs),), trailing=True))))
-    return nests
-
-
-@register
-class PartiallyEquivalentThenCorrect(Strategy):
-    """Compute a cheaper shared form, then correct the rest: two reductions (nest `nest` and nest `other`) that
-    apply the same expression to two same-shaped tensors become one reduction over the two concatenated along
-    dimension `dim`, whose results are copied back to both outputs. Where the tensors are identical paddings of
-    two sources and read through a sliding window along `dim`, the sources are concatenated and padded once;
-    the shared result then equals both outputs except where a window crosses the seam (the last outputs of the
-    first, the first of the second), and those are recomputed from the original padded inputs afterwards, plus
-    `extra` more on each side. Along a dimension read without a window nothing needs correcting.
-
-    Preconditions: both nests are flat one-equation reductions with the same operator and loops, differing
-    only in the tensor they read; every read of it indexes `dim` by one output variable (plus a reduced window
-    variable, unit stride) that no other operand reads; the tensors the shared form reads are complete before
-    the first nest of the group; each output is first written by its own nest, and the nests in between do not
-    touch the second output, nor the first where it is corrected later."""
-
-    name = "partially_equivalent_then_correct"
-    params = ("nest", "other", "dim", "extra")
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        found = []
-        for i in range(len(program.nests)):
-            for j in range(i + 1, len(program.nests)):
-                pair = _quiet(_differing, program, i, j)
-                if pair is not None:
-                    rank = len(program.tensors[pair[3]].shape)
-                    found += [self.action(nest=i, other=j, dim=d, extra=0) for d in range(rank)
-                              if _quiet(_shared, program, i, j, d) is not None]
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        plan = _shared(program, _int(action, "nest"), _int(action, "other"), _int(action, "dim"))
-        extra = _int(action, "extra")
-        if extra < 0:
-            raise IllegalActionError(f"extra must be at least 0, got {extra}")
-        nests = program.nests
-        middle = tuple(nests[k] for k in range(plan.earliest, plan.second) if k != plan.first)
-        return program.replace_nests(nests[:plan.earliest] + tuple(_shared_nests(program, plan, extra)) + middle
-                                     + tuple(_corrections(program, plan, extra)) + nests[plan.second + 1:])
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        """Every site with up to window-1 extra outputs recomputed per side (the reference recomputes
-        window-1 whatever the padding)."""
-        found = []
-        for action in self.candidates(before):
-            plan = _shared(before, action["nest"], action["other"], action["dim"])
-            found += [self.action(**dict(dict(action.params), extra=e)) for e in range(1, plan.window)]
-        return found
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        plan = _shared(before, action["nest"], action["other"], action["dim"])
-        x1, x2 = plan.eq1.lhs.name, plan.eq2.lhs.name
-        t1, t2 = plan.operands
-        extent, n = plan.extent, plan.n
-        what = (f"the sources of the padded copies {t1} and {t2} ({plan.pads[0].source.name} and "
-                f"{plan.pads[1].source.name}), concatenated along dimension {plan.dim} and padded once"
-                if plan.pads else f"{t1} and {t2} concatenated along dimension {plan.dim}")
-        wrong = plan.wrong
-        if any(wrong):
-            extra = action["extra"]
-            seam = (f"That shared form is only partially equivalent: a window of {plan.window} that crosses the "
-                    f"seam reads the other tensor instead of padding, which affects the last {wrong[0]} outputs of "
-                    f"{x1} and the first {wrong[1]} of {x2}; those"
-                    + (f" and {extra} more on each side" if extra else "")
-                    + " are recomputed from the original padded inputs afterwards, the correction. ")
-        else:
-            seam = (f"No output reads across the seam (the reads along dimension {plan.dim} stay inside each "
-                    "tensor), so the correction is empty. ")
-        return (f"partially_equivalent_then_correct computed {x1} (nest {plan.first}) and {x2} (nest "
-                f"{plan.second}), the same {plan.op}-reduction applied to {t1} and to {t2}, as one shared "
-                f"reduction over {what}: its {extent + n} outputs along {plan.out} hold {x1} at 0..{extent - 1} "
-                f"and {x2} at {n}..{n + extent - 1}, copied back to both. {seam}It is legal because use-def "
-                f"shows the two reductions apply the same expression and differ only in {t1} and {t2}, every read "
-                f"of them moves with {plan.out} at unit stride, nothing else the reduction reads depends on "
-                f"{plan.out}, and what the shared form reads is complete before nest {plan.earliest}, where it now "
-                f"runs. Work: {2 * extent} outputs become {extent + n} in one nest instead of two, plus "
-                f"{sum(plan.recomputed(action['extra']))} recomputed and a concatenation copy: worth "
-                "it where launches or small reductions dominate (GPU), not for memory traffic. Every output "
-                "sums the same terms in the same order, so results are bitwise identical.")

@@ -1,4 +1,5 @@
-"""Facts the online-algorithm strategies (`online.py`) need about values, and the expression shapes they build.
+"""Facts the online-algorithm strategies (`online.py`, `value_splits.py`, `shared_then_correct.py`) need about
+values, and the expression shapes they build.
 
 `ValueFacts` answers "can this expression be zero, infinite or NaN?" by abstract evaluation over six value
 kinds (-inf, negative, zero, positive, +inf, NaN) in exact arithmetic: inputs and parameters are finite data

@@ -5,8 +5,10 @@ import functools
 
 from ..errors import IllegalActionError
 from ..frontend.emit import _VAR_LETTERS, _tensor_names
+from ..ir.analysis import writes
 from ..ir.ast import Loop, Nest, all_loops, equations
 from ..ir.program import Program
+from .base import Action
 
 MAX_FACTORS = 8
 VECTOR_WIDTHS = (4, 8, 16)
@@ -74,6 +76,42 @@ def tile_menu(x_extent: int, y_extent: int) -> list[tuple[int, int]]:
 
 
 @functools.lru_cache(maxsize=4096)
+
+
+def int_param(action: Action, key: str) -> int:
+    """The integer parameter `key` of an action, or IllegalActionError naming it."""
+    value = action[key]
+    if not isinstance(value, int):
+        raise IllegalActionError(f"{key} must be an integer, got {value!r}")
+    return value
+
+
+def flag_param(action: Action, key: str) -> int:
+    """The 0/1 parameter `key` of an action, or IllegalActionError naming it."""
+    value = action[key]
+    if value not in (0, 1):
+        raise IllegalActionError(f"{key} must be 0 or 1, got {value!r}")
+    return value
+
+
+def quiet(check, *args):
+    """`check(*args)`, or None where it raises IllegalActionError (for candidate enumeration)."""
+    try:
+        return check(*args)
+    except IllegalActionError:
+        return None
+
+
+def is_intermediate(program: Program, name: str) -> bool:
+    """`name` is none of the program's inputs and outputs."""
+    return name not in program.signature
+
+
+def writer_nests(program: Program, name: str) -> list[int]:
+    """The indices of the nests that write `name`."""
+    return [j for j, n in enumerate(program.nests) if name in writes(n)]
+
+
 def _factor_menu(extent: int, limit: int, largest: int | None) -> tuple[int, ...]:
     divisors = [d for d in range(2, extent if largest is None else min(extent, largest + 1)) if extent % d == 0]
     ranked = sorted(divisors, key=lambda d: (d & (d - 1) != 0, d % 4 != 0, abs(d - 16), d))
