@@ -1,6 +1,6 @@
-"""Graph-level strategies: they move work between nests (fusion, fission, inlining, splitting an expression or
-a tensor, concatenating two operators, common subexpressions, dead code, statement order) without changing
-what any output holds.
+"""Graph-level strategies: they move work between nests (fusion, fission, inlining, splitting an expression,
+statement order) without changing what any output holds. Splitting or concatenating a tensor is in
+`tensor_split_concat.py`, common subexpressions and dead code in `eliminations.py`.
 
 Legality comes from the use-def chains and the per-iteration access analysis of `graph_util`, never from the
 text. Where the reference writes a transformation in a fixed shape (copy nests that keep the loops of the
@@ -12,74 +12,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..errors import IllegalActionError
-from ..ir.analysis import Reduction, element_positions, index_range, reads, reduction, scans, users, writes
-from ..ir.ast import (Access, BinOp, Call, Compare, Const, Equation, Expr, Loop, Nest, Var, accesses, children,
-                      equations, free_vars, map_children, replace_accesses)
-from ..ir.dtypes import is_float
+from ..ir.analysis import reads, users, writes
+from ..ir.ast import (Access, Call, Const, Equation, Expr, Loop, Nest, Var, accesses, equations, free_vars,
+                      replace_accesses)
 from ..ir.printer import print_expr
 from ..ir.program import Program
 from .base import Action, Strategy, register
-from .graph_util import (MAX_THREADS, Path, affine_in, bounds_of, compute_nest, describe_loops, exact_index_value,
-                         flat_equations, float_valued, in_bounds, injective_subscript, is_compound,
-                         loops_with_extent, map_equation, map_nest_with_loops, mentions, nest_accesses, node_at,
-                         ranges_apart, replace_at, safe_everywhere, same_iteration_conflict, shift_var, substitute,
-                         trip_count, under_branch, unique_value_subscripts, value_accesses, value_paths, with_scope)
+from .graph_util import (Path, bounds_of, compute_nest, describe_loops, flat_equations, flat_nest, float_valued,
+                         hoist_problem, injective_subscript, map_equation, map_nest_with_loops, names_param,
+                         nest_accesses, node_at, one_equation, ranges_apart, reads_own_target, replace_at,
+                         same_iteration_conflict, substitute, trip_count, under_branch, value_accesses, value_paths,
+                         vars_in_loop_order, with_scope)
 from .outer_fusion import fuse_under, loop_key, shared_depth
-from .util import fresh_tensor, int_param, is_intermediate, nest_at
+from .util import fresh_tensor, holds, int_param, is_intermediate, nest_at, quiet
 
 SCOPE_NAMES = {"g": "global memory", "s": "shared memory", "l": "local memory (registers)"}
-
-
-# -- shared checks -----------------------------------------------------------------------------------------------
-
-def _flat(program: Program, index) -> tuple[Nest, list[Equation]]:
-    nest = nest_at(program, index)
-    eqs = flat_equations(nest)
-    if eqs is None:
-        raise IllegalActionError(f"nest {index} holds an inner nest; this strategy works on flat nests only")
-    return nest, eqs
-
-
-def _single(program: Program, index) -> tuple[Nest, Equation]:
-    nest, eqs = _flat(program, index)
-    if len(eqs) != 1:
-        raise IllegalActionError(f"nest {index} has {len(eqs)} equations; this strategy needs exactly one")
-    return nest, eqs[0]
-
-
-def _names_param(action: Action, key: str) -> tuple[str, ...]:
-    value = action[key]
-    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-        raise IllegalActionError(f"{key} must be a list of names, got {value!r}")
-    if len(set(value)) != len(value):
-        raise IllegalActionError(f"{key} names {list(value)} repeat")
-    return value
-
-
-def _reads_own_target(eq: Equation) -> bool:
-    return any(a.name == eq.lhs.name for a in accesses(eq.rhs))
-
-
-def _legal(check):
-    """`check` made quiet: its result, or None where it raises IllegalActionError (for candidates)."""
-    def probe(*args):
-        try:
-            return check(*args)
-        except IllegalActionError:
-            return None
-    return probe
-
-
-def _holds(check, *args) -> bool:
-    """True when `check(*args)` raises no IllegalActionError."""
-    try:
-        check(*args)
-    except IllegalActionError:
-        return False
-    return True
 
 
 # -- operator_fusion / operator_fission ----------------------------------------------------------------------------
@@ -125,8 +73,8 @@ class OperatorFusion(Strategy):
             fused = fuse_under(nest_at(program, index), nest_at(program, index + 1), depth)
             nests = program.nests[:index] + (fused,) + program.nests[index + 2:]
             return fused, _private_tensors(program, nests, index)
-        first, eqs1 = _flat(program, index)
-        second, eqs2 = _flat(program, index + 1)
+        first, eqs1 = flat_nest(program, index)
+        second, eqs2 = flat_nest(program, index + 1)
         if [loop_key(l) for l in first.loops] != [loop_key(l) for l in second.loops]:
             raise IllegalActionError(f"nests {index} and {index + 1} have different loops "
                                      f"({describe_loops(first.loops)} vs {describe_loops(second.loops)})")
@@ -142,7 +90,7 @@ class OperatorFusion(Strategy):
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
         found = []
         for i in range(len(program.nests) - 1):
-            site = _legal(self.site)(program, i)
+            site = quiet(self.site, program, i)
             if site is None:
                 depth = self._deepest(program, i)
                 if depth:
@@ -157,7 +105,7 @@ class OperatorFusion(Strategy):
         """The deepest depth the pair can be fused at (legality only shrinks with depth), or None."""
         first, second = program.nests[index], program.nests[index + 1]
         for depth in range(shared_depth(first, second), 0, -1):
-            if _legal(self.site)(program, index, depth) is not None:
+            if quiet(self.site, program, index, depth) is not None:
                 return depth
         return None
 
@@ -216,7 +164,7 @@ class OperatorFission(Strategy):
     params = ("nest", "at")
 
     def site(self, program: Program, index, at) -> tuple[Nest, Nest]:
-        nest, eqs = _flat(program, index)
+        nest, eqs = flat_nest(program, index)
         if len(eqs) < 2:
             raise IllegalActionError(f"nest {index} has a single equation: there is nothing to split")
         if not isinstance(at, int) or not 0 < at < len(eqs):
@@ -233,7 +181,7 @@ class OperatorFission(Strategy):
         found = []
         for i, nest in enumerate(program.nests):
             eqs = flat_equations(nest) or []
-            found += [self.action(nest=i, at=k) for k in range(1, len(eqs)) if _legal(self.site)(program, i, k)]
+            found += [self.action(nest=i, at=k) for k in range(1, len(eqs)) if quiet(self.site, program, i, k)]
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
@@ -295,13 +243,13 @@ def _needs_parens(expr: Expr) -> bool:
 
 
 def _producer(program: Program, index) -> _Producer:
-    nest, eq = _single(program, index)
+    nest, eq = one_equation(program, index)
     name = eq.lhs.name
     if not is_intermediate(program, name):
         raise IllegalActionError(f"{name} is a signature tensor: only intermediates are inlined")
     if any(name in writes(n) for j, n in enumerate(program.nests) if j != index):
         raise IllegalActionError(f"{name} is also written by other nests")
-    if _reads_own_target(eq):
+    if reads_own_target(eq):
         raise IllegalActionError(f"{name} is a reduction, scan or update (it reads itself), not elementwise")
     if not injective_subscript(eq.lhs.indices, nest.loops):
         raise IllegalActionError(f"{name} is not written one element per iteration")
@@ -358,7 +306,7 @@ class ComputeInline(Strategy):
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
         found = []
         for i in range(len(program.nests)):
-            producer = _legal(_producer)(program, i)
+            producer = quiet(_producer, program, i)
             if producer is None:
                 continue
             found += [self.action(nest=i, consumer=j) for j in users(program.nests, i)
@@ -418,43 +366,10 @@ def _split_term(program: Program, nest: Nest, eqs: list[Equation], term) -> tupl
     if path not in set(value_paths(eq.rhs)):
         raise IllegalActionError(f"term path {list(path)} is not a value of the right-hand side")
     node = node_at(eq.rhs, path)
-    reason = _hoist_problem(program, nest, node, eq, under_branch(eq.rhs, path))
+    reason = hoist_problem(program, nest, node, eq, under_branch(eq.rhs, path))
     if reason:
         raise IllegalActionError(f"cannot split out {print_expr(node)}: {reason}")
     return e, path, node
-
-
-def _hoist_problem(program: Program, nest: Nest, node: Expr, eq: Equation, guarded: bool) -> str | None:
-    """Why `node`, a value in `eq`, cannot be stored (at `eq`'s dtype) by a nest placed before `nest`."""
-    dtype = eq.lhs.dtype
-    if not is_compound(node):
-        return "it is a single leaf"
-    if not _storable(node, eq, nest):
-        return f"its value is not exactly representable as {dtype} (another type, or a conversion), so storing " \
-               "it would change it"
-    touched = {a.name for a in value_accesses(node)} & set(writes(nest))
-    if touched:
-        return f"it reads {', '.join(sorted(touched))}, which the nest itself writes"
-    if guarded and not safe_everywhere(program, node, bounds_of(nest.loops)):
-        return "it is evaluated only under a condition and would read outside a tensor elsewhere"
-    return None
-
-
-def _storable(node: Expr, eq: Equation, nest: Nest) -> bool:
-    """True when storing `node` as `eq`'s dtype and reading it back gives the value `eq` computes with: it is
-    of that float dtype already, or it is loop-index arithmetic (`min(2,128-c*2)`) whose every value fits the
-    mantissa in an equation that reads floats of that dtype only (so the integer is converted to it
-    anyway)."""
-    dtype = eq.lhs.dtype
-    if float_valued(node, dtype):
-        return True
-    return is_float(dtype) and exact_index_value(node, dtype, bounds_of(nest.loops)) and all(
-        a.dtype == dtype for a in value_accesses(eq.rhs) if is_float(a.dtype))
-
-
-def _vars_in_loop_order(nest: Nest, node: Expr) -> tuple[str, ...]:
-    used = set(free_vars(node))
-    return tuple(l.var for l in nest.loops if l.var in used)
 
 
 @register
@@ -479,18 +394,18 @@ class ExpressionSplitting(Strategy):
             for e, eq in enumerate(eqs or []):
                 for path in value_paths(eq.rhs):
                     node = node_at(eq.rhs, path)
-                    if _hoist_problem(program, nest, node, eq, under_branch(eq.rhs, path)) is None:
-                        order = _vars_in_loop_order(nest, node)
+                    if hoist_problem(program, nest, node, eq, under_branch(eq.rhs, path)) is None:
+                        order = vars_in_loop_order(nest, node)
                         found.append(self.action(nest=i, term=(e,) + path, dims=order, loops=order))
         return found
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
         index = int_param(action, "nest")
-        nest, eqs = _flat(program, index)
+        nest, eqs = flat_nest(program, index)
         e, path, node = _split_term(program, nest, eqs, action["term"])
-        dims, order = _names_param(action, "dims"), _names_param(action, "loops")
-        used = set(_vars_in_loop_order(nest, node))
+        dims, order = names_param(action, "dims"), names_param(action, "loops")
+        used = set(vars_in_loop_order(nest, node))
         for key, names in (("dims", dims), ("loops", order)):
             if set(names) != used:
                 raise IllegalActionError(f"{key} must list the loop variables the term uses "
@@ -584,7 +499,7 @@ class ExpressionReorder(Strategy):
                 raise IllegalActionError(f"both nests may write the same elements of {name}")
 
     def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        return [self.action(nest=i) for i in range(len(program.nests) - 1) if _holds(self.site, program, i)]
+        return [self.action(nest=i) for i in range(len(program.nests) - 1) if holds(self.site, program, i)]
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
@@ -602,606 +517,3 @@ class ExpressionReorder(Strategy):
                 "tensor both write is written at disjoint elements, so the order is free. The swap changes no "
                 "arithmetic, only locality: it can bring a producer next to its consumer (so that the two can be "
                 "fused) or nests reading the same data next to each other, while that data is still in cache.")
-
-
-# -- copies shared by tensor_split and tensor_concat -----------------------------------------------------------------
-
-def _copy_nest(loops: tuple[Loop, ...], eqs: list[Equation]) -> Nest:
-    """The reference's copy nest: the loops of the nest it feeds; a GPU-bound loop no copy uses runs once,
-    and an unused parallel or vectorized loop becomes serial (it rewrites the same elements)."""
-    used = {v for eq in eqs for i in eq.lhs.indices for v in free_vars(i)}
-    fixed = []
-    for loop in loops:
-        if loop.var not in used and loop.kind == "B":
-            loop = replace(loop, extent=1)
-        elif loop.var not in used and loop.kind in ("P", "V"):
-            loop = replace(loop, kind="L")
-        fixed.append(loop)
-    return Nest(tuple(fixed), tuple(eqs))
-
-
-def _shift_access(acc: Access, var: str, offset: int) -> Access:
-    return replace(acc, indices=tuple(shift_var(i, var, offset) for i in acc.indices))
-
-
-def _copyable(program: Program, acc: Access, var: str, bounds: dict[str, int]) -> bool:
-    """An operand can be copied part by part: its subscript moves with `var` by a constant per step and
-    stays inside the tensor at every iteration."""
-    return mentions(acc, var) and affine_in(acc, var) and in_bounds(program, acc, bounds)
-
-
-# -- tensor_split_to_decouple_operators ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _SplitPlan:
-    nest: Nest
-    equation: Equation
-    var: str
-    extent: int
-    reduction: Reduction | None
-    spatial: bool
-    copyable: tuple[str, ...]
-
-
-def _split_plan(program: Program, index, var) -> _SplitPlan:
-    nest, eq = _single(program, index)
-    if not any(l.var == var for l in nest.loops):
-        raise IllegalActionError(f"no loop {var!r} in nest {index} (loops: {', '.join(nest.loop_vars)})")
-    loop = nest.loop(var)
-    if loop.extent < 2:
-        raise IllegalActionError(f"loop {var} runs {loop.extent} iteration: there is nothing to split")
-    red = reduction(nest.loops, eq)
-    if scans(nest.loops, eq) or (_reads_own_target(eq) and red is None):
-        raise IllegalActionError(f"{eq.lhs.name} reads itself outside a reduction (an update or a scan)")
-    spatial = var in {v for i in eq.lhs.indices for v in free_vars(i)}
-    if red is not None and var in red.reduced_vars:
-        if not set(red.reduced_vars) - {var} and any(eq.lhs.name in writes(n) for n in program.nests[:index]):
-            raise IllegalActionError(f"{eq.lhs.name} is written before the reduction; combining partial results "
-                                     "would add to that value")
-    elif not spatial:
-        raise IllegalActionError(f"{eq.lhs.name} is rewritten in every iteration of {var}")
-    elif not affine_in(eq.lhs, var):
-        raise IllegalActionError(f"{eq.lhs.name}'s subscript is not affine in {var}")
-    bounds = bounds_of(nest.loops)
-    copyable = []
-    for name, subs in unique_value_subscripts(eq.rhs).items():
-        if name == eq.lhs.name or len(subs) != 1:
-            continue
-        acc = next(a for a in value_accesses(eq.rhs) if a.name == name)
-        if _copyable(program, acc, var, bounds):
-            copyable.append(name)
-    return _SplitPlan(nest, eq, var, loop.extent, red, var not in (red.reduced_vars if red else ()), tuple(copyable))
-
-
-def _partial_indices(plan: _SplitPlan) -> tuple[Expr, ...]:
-    """Subscript of the partial results: the target's, plus the reduced loops other than the split one so
-    that the combining nest still reduces over them (in loop order when the target uses plain subscripts)."""
-    eq = plan.equation
-    others = [v for v in (plan.reduction.reduced_vars if plan.reduction else ()) if v != plan.var]
-    if plan.spatial or not others:
-        return eq.lhs.indices
-    if all(isinstance(i, Var) for i in eq.lhs.indices):
-        kept = {i.name for i in eq.lhs.indices} | set(others)
-        return tuple(Var(l.var) for l in plan.nest.loops if l.var in kept)
-    return eq.lhs.indices + tuple(Var(v) for v in others)
-
-
-def _combine(op: str, target: Access, parts: tuple[Access, Access]) -> Expr:
-    if op in ("max", "min"):
-        return Call(op, (target, Call(op, parts)))
-    joined = "*" if op == "*" else "+"
-    return BinOp(joined, target, BinOp(joined, *parts))
-
-
-@register
-class TensorSplitToDecoupleOperators(Strategy):
-    """Split the iteration range of loop `loop` of nest `nest` at `at`: the operands in `tensors` are copied,
-    part by part, into two fresh tensors; each part computes its own partial result; a last step puts the
-    parts together (two writes of disjoint halves when the loop indexes the result, one combining reduction
-    `X = X op (P1 op P2)` when the loop is reduced).
-
-    Preconditions: the nest is flat with one equation that reads its own target only as a reduction; the loop
-    runs at least two iterations and 0 < at < its extent; it indexes the result through an affine subscript or
-    is one of the reduced loops (then the target is not written before unless other reduced loops remain, so
-    the combining step starts from the reduction's identity); every tensor in `tensors` is read at one
-    subscript, affine in the loop and inside the tensor at every iteration. Partial results of a reduction
-    keep the other reduced loops as subscripts, so the combining nest completes their reduction (the
-    reference's stale combine loop is not reproduced)."""
-
-    name = "tensor_split_to_decouple_operators"
-    params = ("nest", "loop", "at", "tensors")
-    nest_local = True
-
-    def nest_context(self, program: Program, index: int) -> tuple:
-        """The shapes of the tensors the nest accesses (copies must stay inside them) and which of the
-        tensors it writes an earlier nest wrote (a reduction split must start from its identity)."""
-        nest = program.nests[index]
-        names = dict.fromkeys((*writes(nest), *reads(nest)))
-        earlier = {name for before in program.nests[:index] for name in writes(before)}
-        return (tuple((name, program.tensors[name].shape) for name in names if name in program.tensors),
-                tuple(name for name in writes(nest) if name in earlier))
-
-    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
-        found = []
-        for loop in program.nests[i].loops:
-            plan = _legal(_split_plan)(program, i, loop.var)
-            if plan is None:
-                continue
-            points = sorted({loop.extent // 2, loop.extent // 4} - {0})
-            found += [self.action(nest=i, loop=loop.var, at=p, tensors=plan.copyable) for p in points]
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        index, at = int_param(action, "nest"), int_param(action, "at")
-        plan = _split_plan(program, index, action["loop"])
-        if not 0 < at < plan.extent:
-            raise IllegalActionError(f"at must lie strictly inside loop {plan.var}'s range 0..{plan.extent}, got {at}")
-        tensors = _names_param(action, "tensors")
-        bad = [t for t in tensors if t not in plan.copyable]
-        if bad:
-            raise IllegalActionError(f"{', '.join(bad)} cannot be copied part by part (copyable: "
-                                     f"{', '.join(plan.copyable) or 'none'})")
-        new = _split_nests(program, plan, at, tensors)
-        return program.replace_nests(program.nests[:index] + tuple(new) + program.nests[index + 1:])
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        """The split point and the copy order, read off the first new nest of `after`."""
-        found = []
-        for i, nest in enumerate(before.nests):
-            if i >= len(after.nests) or after.nests[:i] != before.nests[:i] or nest == after.nests[i]:
-                continue
-            head = after.nests[i]
-            for loop, new in zip(nest.loops, head.loops):
-                if loop.var == new.var and new.extent < loop.extent and loop.kind == new.kind:
-                    plan = _legal(_split_plan)(before, i, loop.var)
-                    if plan is None:
-                        continue
-                    eqs = flat_equations(head) or []
-                    order = tuple(eq.rhs.name for eq in eqs if isinstance(eq.rhs, Access))
-                    tensors = order if all(t in plan.copyable for t in order) and len(order) == len(eqs) else ()
-                    found.append(self.action(nest=i, loop=loop.var, at=new.extent, tensors=tensors))
-            break
-        return found
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        i, var, at = action["nest"], action["loop"], action["at"]
-        plan = _split_plan(before, i, var)
-        parts = f"{at} and {plan.extent - at} iterations of {var}"
-        copies = (f"The operand(s) {', '.join(action['tensors'])} are copied part by part into separate tensors, "
-                  "so each part reads only its own data. " if action["tensors"] else "")
-        how = ("The loop indexes the result, so the two parts write disjoint parts of "
-               f"{plan.equation.lhs.name}" if plan.spatial else
-               f"The loop is reduced, so each part computes a partial {plan.reduction.op}-reduction and a final "
-               "nest combines the two partial results")
-        return (f"tensor_split_to_decouple_operators split nest {i} ({describe_loops(plan.nest.loops)}) along {var} "
-                f"into two independent operators over {parts}. {copies}{how}; every element is computed exactly "
-                "once, so the result is unchanged (up to the order of a reduction's additions). The two parts "
-                "share no data and can run concurrently or be scheduled with different tile sizes; the copies "
-                "and the combining step add memory traffic.")
-
-
-def _split_nests(program: Program, plan: _SplitPlan, at: int, tensors: tuple[str, ...]) -> list[Nest]:
-    eq, var, loops = plan.equation, plan.var, plan.nest.loops
-    extents = (at, plan.extent - at)
-    offsets = (0, at)
-    taken: set[str] = set()
-
-    def fresh() -> str:
-        name = fresh_tensor(program, taken)
-        taken.add(name)
-        return name
-
-    reads_at = {a.name: a for a in value_accesses(eq.rhs)}
-    copies = {t: (fresh(), fresh()) for t in tensors}
-    partials = (fresh(), fresh())
-    partial = [Access(p, eq.lhs.dtype, "g", _partial_indices(plan)) for p in partials]
-
-    nests: list[Nest] = []
-    if tensors:
-        for part in (0, 1):
-            eqs = [Equation(replace(reads_at[t], name=copies[t][part], scope="g"),
-                            _shift_access(reads_at[t], var, offsets[part])) for t in tensors]
-            nests.append(_copy_nest(loops_with_extent(loops, var, extents[part]), eqs))
-
-    for part in (0, 1):
-        target = _shift_access(eq.lhs, var, offsets[part])
-
-        def rewrite(acc: Access, part=part, target=target) -> Expr:
-            if acc == target:
-                return partial[part]
-            if acc.name in copies:
-                return replace(reads_at[acc.name], name=copies[acc.name][part], scope="g")
-            return acc
-
-        rhs = replace_accesses(shift_var(eq.rhs, var, offsets[part]), rewrite)
-        nests.append(Nest(loops_with_extent(loops, var, extents[part]), (Equation(partial[part], rhs),)))
-    if plan.spatial:
-        for part in (0, 1):
-            lhs = _shift_access(eq.lhs, var, offsets[part])
-            nests.append(Nest(loops_with_extent(loops, var, extents[part]), (Equation(lhs, partial[part]),)))
-    else:
-        kept = tuple(l for l in loops if l.var != var)
-        nests.append(Nest(kept, (Equation(eq.lhs, _combine(plan.reduction.op, eq.lhs, tuple(partial))),)))
-    return nests
-
-
-# -- tensor_concat_to_fuse_operators ------------------------------------------------------------------------------
-
-def _pair_operands(one: Expr, two: Expr, targets: tuple[Access, Access], var: str,
-                   pairs: list[tuple[Access, Access]]) -> bool:
-    """Walk two right-hand sides in step; collect the pairs of accesses that depend on `var` (to be
-    concatenated); True when the expressions are the same apart from those operands and their targets."""
-    if type(one) is not type(two):
-        return False
-    if isinstance(one, Access):
-        if one == targets[0] or two == targets[1]:
-            return one == targets[0] and two == targets[1]
-        if not mentions(one, var) and not mentions(two, var):
-            return one == two
-        if one.indices != two.indices or one.dtype != two.dtype:
-            return False
-        if (one, two) not in pairs:
-            pairs.append((one, two))
-        return True
-    if isinstance(one, (Const, Var)):
-        return one == two
-    same_head = {BinOp: lambda a, b: a.op == b.op, Call: lambda a, b: a.func == b.func,
-                 Compare: lambda a, b: a.ops == b.ops}.get(type(one), lambda a, b: True)
-    kids1, kids2 = children(one), children(two)
-    return same_head(one, two) and len(kids1) == len(kids2) and all(
-        _pair_operands(a, b, targets, var, pairs) for a, b in zip(kids1, kids2))
-
-
-@dataclass(frozen=True)
-class _ConcatPlan:
-    first: Nest
-    second: Nest
-    var: str
-    pairs: tuple[tuple[Access, Access], ...]
-
-
-def _concat_plan(program: Program, index, var) -> _ConcatPlan:
-    first, eq1 = _single(program, index)
-    if index + 1 >= len(program.nests):
-        raise IllegalActionError(f"nest {index} is the last nest: there is nothing to concatenate it with")
-    second, eq2 = _single(program, index + 1)
-    if not any(l.var == var for l in first.loops):
-        raise IllegalActionError(f"no loop {var!r} in nest {index} (loops: {', '.join(first.loop_vars)})")
-    if len(first.loops) != len(second.loops) or any(
-            (a.var, a.kind) != (b.var, b.kind) or (a.extent != b.extent and a.var != var)
-            for a, b in zip(first.loops, second.loops)):
-        raise IllegalActionError(f"nests {index} and {index + 1} differ in loops other than {var}")
-    if eq1.lhs.name == eq2.lhs.name or eq1.lhs.indices != eq2.lhs.indices or eq1.lhs.dtype != eq2.lhs.dtype:
-        raise IllegalActionError("the two results must be different tensors written at the same subscript")
-    if Var(var) not in eq1.lhs.indices:
-        raise IllegalActionError(f"{var} must be a plain subscript of the results (a loop the results are indexed by)")
-    loop = first.loop(var)
-    if loop.kind == "B" and var.startswith("t") and loop.extent + second.loop(var).extent > MAX_THREADS:
-        raise IllegalActionError(f"{var} is bound to a thread axis: {loop.extent} + {second.loop(var).extent} "
-                                 f"threads exceed the {MAX_THREADS} a block can hold")
-    red1, red2 = reduction(first.loops, eq1), reduction(second.loops, eq2)
-    for loops, eq, red in ((first.loops, eq1, red1), (second.loops, eq2, red2)):
-        if scans(loops, eq) or (_reads_own_target(eq) and red is None):
-            raise IllegalActionError(f"{eq.lhs.name} reads itself outside a reduction")
-    if (red1 is None) != (red2 is None) or (red1 and (red1.op, red1.reduced_vars) != (red2.op, red2.reduced_vars)):
-        raise IllegalActionError("the two nests do not perform the same kind of reduction")
-    if set(writes(first)) & set(reads(second)) or set(reads(first)) & set(writes(second)):
-        raise IllegalActionError(f"nests {index} and {index + 1} depend on each other")
-    pairs: list[tuple[Access, Access]] = []
-    if not _pair_operands(eq1.rhs, eq2.rhs, (eq1.lhs, eq2.lhs), var, pairs):
-        raise IllegalActionError("the two equations do not apply the same operator (they differ beyond the "
-                                 f"operands indexed by {var})")
-    for one, two in pairs:
-        for acc, nest in ((one, first), (two, second)):
-            if not affine_in(acc, var) or not in_bounds(program, acc, bounds_of(nest.loops)):
-                raise IllegalActionError(f"{acc.name} cannot be copied (subscript not affine in {var}, or it "
-                                         "leaves the tensor)")
-    names = [one.name for one, _ in pairs]
-    if len(set(names)) != len(names):
-        raise IllegalActionError("an operand of the first nest is paired with two different operands")
-    for one, _ in pairs:
-        if not _halves_apart(one, first.loops, second.loops, var):
-            raise IllegalActionError(f"the second half of {one.name}'s concatenation, {var} shifted by "
-                                     f"{first.loop(var).extent}, would overwrite elements of the first "
-                                     f"({print_expr(one)} mixes {var} with another loop in one subscript)")
-    return _ConcatPlan(first, second, var, tuple(pairs))
-
-
-def _halves_apart(one: Access, first: tuple[Loop, ...], second: tuple[Loop, ...], var: str) -> bool:
-    """True when the concatenated copy of operand `one` keeps its halves on different elements: `one`'s
-    subscript over loops `first`, and the same subscript with `var` shifted by its extent there over loops
-    `second` (`R_{c*2+d}` with d < 2 shifted by 2 reaches `R_{2..7}`, which c > 0 already uses). Proved by
-    the index ranges of one subscript where they do not overlap, else by enumerating the elements; False
-    where neither works."""
-    bounds1, bounds2 = bounds_of(first), bounds_of(second)
-    shifted = _shift_access(one, var, bounds1[var])
-    if ranges_apart(one, bounds1, shifted, bounds2):
-        return True
-    ranges = [(index_range(a, bounds1), index_range(b, bounds2)) for a, b in zip(one.indices, shifted.indices)]
-    if any(r is None or r[0] < 0 for pair in ranges for r in pair):
-        return False
-    shape = tuple(max(r1[1], r2[1]) + 1 for r1, r2 in ranges)
-    halves = element_positions(one.indices, shape, bounds1), element_positions(shifted.indices, shape, bounds2)
-    return halves[0] is not None and halves[1] is not None and not np.isin(halves[1], halves[0]).any()
-
-
-@register
-class TensorConcatToFuseOperators(Strategy):
-    """Run two adjacent nests that apply the same operator to different tensors as one operator: the operands
-    that depend on loop `loop` are concatenated along it (copy nests write the first nest's operand and the
-    second's, offset by the first extent, into one tensor; `tensors` gives the copy order by the first nest's
-    operand names), one nest computes the concatenated result, and two nests copy each half back.
-
-    Preconditions: both nests are flat with one equation, have the same loops except for the extent of
-    `loop`, write different tensors at the same subscript with `loop` as a plain subscript, perform the same
-    reduction (or none, and read no target otherwise), do not depend on each other, and apply the same
-    expression apart from the operands indexed by `loop` (read at equal, affine, in-bounds subscripts). Only
-    the concatenated dimension may differ in size: the reference's block-diagonal concatenation of tensors
-    differing in several dimensions reads unwritten elements and is not offered."""
-
-    name = "tensor_concat_to_fuse_operators"
-    params = ("nest", "loop", "tensors")
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        found = []
-        for i in range(len(program.nests) - 1):
-            for loop in program.nests[i].loops:
-                plan = _legal(_concat_plan)(program, i, loop.var)
-                if plan is not None:
-                    found.append(self.action(nest=i, loop=loop.var, tensors=tuple(a.name for a, _ in plan.pairs)))
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        index = int_param(action, "nest")
-        plan = _concat_plan(program, index, action["loop"])
-        tensors = _names_param(action, "tensors")
-        names = [a.name for a, _ in plan.pairs]
-        if sorted(tensors) != sorted(names):
-            raise IllegalActionError(f"tensors must order the operands to concatenate ({', '.join(names)}), "
-                                     f"got {list(tensors)}")
-        order = sorted(plan.pairs, key=lambda p: tensors.index(p[0].name))
-        return program.replace_nests(program.nests[:index] + tuple(_concat_nests(program, plan, order))
-                                     + program.nests[index + 2:])
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        """The copy order, read off the first copy nest of `after`."""
-        found = []
-        for i in range(len(before.nests) - 1):
-            if after.nests[:i] != before.nests[:i] or i >= len(after.nests):
-                continue
-            eqs = flat_equations(after.nests[i]) or []
-            order = tuple(eq.rhs.name for eq in eqs if isinstance(eq.rhs, Access))
-            for loop in before.nests[i].loops:
-                if _legal(_concat_plan)(before, i, loop.var) is not None:
-                    found.append(self.action(nest=i, loop=loop.var, tensors=order))
-            break
-        return found
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        i, var = action["nest"], action["loop"]
-        plan = _concat_plan(before, i, var)
-        one, two = plan.first.loop(var).extent, plan.second.loop(var).extent
-        results = [flat_equations(n)[0].lhs.name for n in (plan.first, plan.second)]
-        return (f"tensor_concat_to_fuse_operators ran nests {i} and {i + 1}, which apply the same operator to "
-                f"different tensors, as one operator over {var} = {one} + {two} iterations: the operands indexed by "
-                f"{var} ({', '.join(action['tensors'])} and the second nest's counterparts) are concatenated along {var}, one nest "
-                f"computes both results, and two nests copy them back into {results[0]} and {results[1]}. It is "
-                "legal because the nests are independent and every element of the concatenated result depends "
-                "only on its own half. One larger launch replaces two smaller ones, which fills more parallel "
-                "units; the concatenation and the copies add memory traffic.")
-
-
-def _concat_nests(program: Program, plan: _ConcatPlan, pairs: list[tuple[Access, Access]]) -> list[Nest]:
-    eq1, eq2 = flat_equations(plan.first)[0], flat_equations(plan.second)[0]
-    var, offset = plan.var, plan.first.loop(plan.var).extent
-    taken: set[str] = set()
-
-    def fresh() -> str:
-        name = fresh_tensor(program, taken)
-        taken.add(name)
-        return name
-
-    joined = {one: fresh() for one, _ in pairs}
-    result = Access(fresh(), eq1.lhs.dtype, "g", eq1.lhs.indices)
-    copy1 = [Equation(replace(one, name=joined[one], scope="g"), one) for one, _ in pairs]
-    copy2 = [Equation(_shift_access(replace(one, name=joined[one], scope="g"), var, offset), two) for one, two in pairs]
-
-    def rewrite(expr: Expr) -> Expr:
-        if isinstance(expr, Access):
-            if expr == eq1.lhs:
-                return result
-            if expr in joined:
-                return replace(expr, name=joined[expr], scope="g")
-        return map_children(expr, rewrite)
-
-    total = loops_with_extent(plan.first.loops, var, offset + plan.second.loop(var).extent)
-    return [_copy_nest(plan.first.loops, copy1), _copy_nest(plan.second.loops, copy2),
-            Nest(total, (Equation(result, rewrite(eq1.rhs)),)),
-            Nest(plan.first.loops, (Equation(eq1.lhs, result),)),
-            Nest(plan.second.loops, (Equation(eq2.lhs, _shift_access(result, var, offset)),))]
-
-
-# -- common_subexpression_elimination --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Common:
-    """A repeated sub-expression of a run of nests with the same loops, and where it occurs."""
-
-    expr: Expr
-    dtype: str
-    start: int
-    occurrences: tuple[tuple[int, int, Path], ...]  # (nest, equation, path)
-
-    @property
-    def end(self) -> int:
-        return max(n for n, _, _ in self.occurrences)
-
-
-def _occurrences(nest: Nest, eq: Equation, node: Expr) -> list[Path]:
-    """Paths of the outermost occurrences of `node` among `eq`'s values that may read a stored copy."""
-    found: list[Path] = []
-    if not _storable(node, eq, nest):
-        return found
-    for path in value_paths(eq.rhs):
-        if not any(path[:len(p)] == p for p in found) and node_at(eq.rhs, path) == node:
-            found.append(path)
-    return found
-
-
-def _common_at(program: Program, start: int) -> _Common | None:
-    """The first sub-expression (equation order, then pre-order) of nest `start` that occurs at least twice in
-    the run of nests after it with the same loops, and can be computed once before the run."""
-    nest = program.nests[start]
-    eqs = flat_equations(nest)
-    if not eqs:
-        return None
-    run = [start]
-    for j in range(start + 1, len(program.nests)):
-        if flat_equations(program.nests[j]) is None or program.nests[j].loops != nest.loops:
-            break
-        run.append(j)
-    seen: set[Expr] = set()
-    for eq in eqs:
-        for path in value_paths(eq.rhs):
-            node = node_at(eq.rhs, path)
-            if not path or node in seen or not is_compound(node):
-                continue
-            seen.add(node)
-            if _hoist_problem(program, nest, node, eq, False) is not None:
-                continue
-            found = _common_occurrences(program, run, node)
-            unguarded = any(not under_branch(flat_equations(program.nests[n])[e].rhs, p) for n, e, p in found)
-            if len(found) >= 2 and (unguarded or safe_everywhere(program, node, bounds_of(nest.loops))):
-                return _Common(node, eq.lhs.dtype, start, tuple(found))
-    return None
-
-
-def _common_occurrences(program: Program, run: list[int], node: Expr) -> list[tuple[int, int, Path]]:
-    inputs = {a.name for a in value_accesses(node)}
-    found = []
-    for n in run:
-        nest = program.nests[n]
-        if inputs & set(writes(nest)):
-            break
-        for e, eq in enumerate(flat_equations(nest)):
-            found += [(n, e, p) for p in _occurrences(nest, eq, node)]
-    return found
-
-
-def _eliminate(program: Program, common: _Common, nests: list[Nest], taken: set[str]) -> None:
-    """Compute `common.expr` once in a nest before its run and read it at every occurrence (in place)."""
-    source = program.nests[common.start]
-    order = _vars_in_loop_order(source, common.expr)
-    name = fresh_tensor(program, taken)
-    taken.add(name)
-    target = Access(name, common.dtype, "g", tuple(Var(v) for v in order))
-    by_nest: dict[int, list[tuple[int, Path]]] = {}
-    for n, e, p in common.occurrences:
-        by_nest.setdefault(n, []).append((e, p))
-    for n, sites in by_nest.items():
-        eqs = flat_equations(nests[n])
-        for e, p in sites:
-            eqs[e] = Equation(eqs[e].lhs, replace_at(eqs[e].rhs, p, target))
-        nests[n] = replace(nests[n], body=tuple(eqs))
-    nests.insert(common.start, compute_nest(source, common.expr, target, order, order))
-
-
-@register
-class CommonSubexpressionElimination(Strategy):
-    """For each nest index in `nests`, compute the first sub-expression of that nest that repeats (within an
-    equation, across its equations, or in the following nests with the same loops) once, in a new nest placed
-    before it, and read the stored value at every occurrence.
-
-    Preconditions: each listed nest is flat; the sub-expression is an operation (not a leaf) outside any
-    subscript, of the equation's float dtype without conversion, occurs at least twice (structurally equal,
-    parentheses ignored) in nests that do not write what it reads, and is safe to evaluate at every iteration;
-    listed nests are increasing and each one's occurrences end before the next listed nest."""
-
-    name = "common_subexpression_elimination"
-    params = ("nests",)
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        sites = [i for i in range(len(program.nests)) if _common_at(program, i) is not None]
-        found = [self.action(nests=(i,)) for i in sites]
-        together, end = [], -1
-        for i in sites:
-            if i > end:
-                together.append(i)
-                end = _common_at(program, i).end
-        if len(together) > 1:
-            found.append(self.action(nests=tuple(together)))
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        starts = action["nests"]
-        if not isinstance(starts, tuple) or not starts or not all(isinstance(s, int) for s in starts):
-            raise IllegalActionError(f"nests must be a non-empty list of nest indices, got {starts!r}")
-        commons = []
-        for start in starts:
-            nest_at(program, start)
-            common = _common_at(program, start)
-            if common is None:
-                raise IllegalActionError(f"nest {start} has no repeated sub-expression that can be computed once")
-            if commons and start <= commons[-1].end:
-                raise IllegalActionError(f"nest {start} lies inside the run of nest {commons[-1].start}; list "
-                                         "increasing nests whose runs do not overlap")
-            commons.append(common)
-        nests, taken = list(program.nests), set()
-        for common in reversed(commons):
-            _eliminate(program, common, nests, taken)
-        return program.replace_nests(nests)
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        parts = []
-        for start in action["nests"]:
-            common = _common_at(before, start)
-            nests = sorted({n for n, _, _ in common.occurrences})
-            parts.append(f"{print_expr(common.expr)} ({len(common.occurrences)} occurrences in nest"
-                         f"{'s' if len(nests) > 1 else ''} {', '.join(map(str, nests))})")
-        return (f"common_subexpression_elimination computed {'; '.join(parts)} once per iteration in a new nest "
-                "and replaced each occurrence by a read of the stored value. It is legal because the occurrences "
-                "are structurally identical and nothing they read is written between the new nest and them, so "
-                "they all hold the same value. Each repeated evaluation (often a transcendental call) becomes a "
-                "load; the stored tensor costs one write and its reads.")
-
-
-# -- dead_code_elimination -----------------------------------------------------------------------------------------
-
-@register
-class DeadCodeElimination(Strategy):
-    """Delete nest `nest`, whose results nobody uses.
-
-    Preconditions: every tensor the nest writes is an intermediate (not an output) that no later nest reads,
-    so removing the nest cannot change an output."""
-
-    name = "dead_code_elimination"
-    params = ("nest",)
-
-    def site(self, program: Program, index) -> None:
-        nest = nest_at(program, index)
-        for name in writes(nest):
-            if not is_intermediate(program, name):
-                raise IllegalActionError(f"nest {index} writes {name}, a signature tensor")
-        readers = users(program.nests, index)
-        if readers:
-            raise IllegalActionError(f"nest {index}'s results are read by nest{'s' if len(readers) > 1 else ''} "
-                                     f"{', '.join(map(str, readers))}")
-
-    def candidates(self, program: Program, target: str = "llvm") -> list[Action]:
-        return [self.action(nest=i) for i in range(len(program.nests)) if _holds(self.site, program, i)]
-
-    def apply(self, program: Program, action: Action) -> Program:
-        self.check(action)
-        index = int_param(action, "nest")
-        self.site(program, index)
-        return program.replace_nests(program.nests[:index] + program.nests[index + 1:])
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        i = action["nest"]
-        nest = before.nests[i]
-        return (f"dead_code_elimination deleted nest {i}, which writes {', '.join(writes(nest))}. No later nest "
-                "reads these intermediates and none is an output, so the nest cannot affect the result. It "
-                f"saves {trip_count(nest.loops)} iterations and the memory of the dead tensors.")

@@ -1,4 +1,5 @@
-"""Expression and nest helpers shared by the graph-level strategies (`graph.py`).
+"""Expression and nest helpers shared by the strategies that rewrite across nests and expressions: the graph
+family (`graph.py`, `tensor_split_concat.py`, `eliminations.py`), the online and the algebraic families.
 
 Everything rebuilds AST nodes: variables are substituted structurally, sub-expressions are addressed by
 paths of child positions, and no helper ever edits LEIR text.
@@ -10,11 +11,13 @@ from dataclasses import replace
 from typing import Callable, Iterator, Mapping
 
 from ..errors import IllegalActionError
-from ..ir.analysis import index_range
+from ..ir.analysis import index_range, writes
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
                       children, equations, free_vars, map_children, walk)
 from ..ir.dtypes import float_rank, is_float
 from ..ir.program import Program
+from .base import Action
+from .util import nest_at
 
 Path = tuple[int, ...]
 
@@ -29,6 +32,38 @@ def flat_equations(nest: Nest) -> list[Equation] | None:
     if any(isinstance(s, Nest) for s in nest.body):
         return None
     return list(nest.body)
+
+
+def flat_nest(program: Program, index) -> tuple[Nest, list[Equation]]:
+    """Nest `index` and its equations, or IllegalActionError where it holds an inner nest."""
+    nest = nest_at(program, index)
+    eqs = flat_equations(nest)
+    if eqs is None:
+        raise IllegalActionError(f"nest {index} holds an inner nest; this strategy works on flat nests only")
+    return nest, eqs
+
+
+def one_equation(program: Program, index) -> tuple[Nest, Equation]:
+    """Flat nest `index` and its only equation, or IllegalActionError."""
+    nest, eqs = flat_nest(program, index)
+    if len(eqs) != 1:
+        raise IllegalActionError(f"nest {index} has {len(eqs)} equations; this strategy needs exactly one")
+    return nest, eqs[0]
+
+
+def names_param(action: Action, key: str) -> tuple[str, ...]:
+    """The parameter `key` of an action as a list of distinct names, or IllegalActionError."""
+    value = action[key]
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise IllegalActionError(f"{key} must be a list of names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise IllegalActionError(f"{key} names {list(value)} repeat")
+    return value
+
+
+def reads_own_target(eq: Equation) -> bool:
+    """The equation reads the tensor it writes (an accumulation, or a read of another element)."""
+    return any(a.name == eq.lhs.name for a in accesses(eq.rhs))
 
 
 def bounds_of(loops: tuple[Loop, ...]) -> dict[str, int]:
@@ -426,3 +461,39 @@ def compute_nest(source: Nest, expr: Expr, target: Access, dims: tuple[str, ...]
             equation = Equation(substitute(equation.lhs, {first: Var("tx")}),
                                 substitute(equation.rhs, {first: Var("tx")}))
     return Nest(tuple(loops), (equation,))
+
+
+# -- storing a sub-expression in a nest of its own (expression_splitting, common_subexpression_elimination) ---
+
+def hoist_problem(program: Program, nest: Nest, node: Expr, eq: Equation, guarded: bool) -> str | None:
+    """Why `node`, a value in `eq`, cannot be stored (at `eq`'s dtype) by a nest placed before `nest`."""
+    dtype = eq.lhs.dtype
+    if not is_compound(node):
+        return "it is a single leaf"
+    if not storable(node, eq, nest):
+        return f"its value is not exactly representable as {dtype} (another type, or a conversion), so storing " \
+               "it would change it"
+    touched = {a.name for a in value_accesses(node)} & set(writes(nest))
+    if touched:
+        return f"it reads {', '.join(sorted(touched))}, which the nest itself writes"
+    if guarded and not safe_everywhere(program, node, bounds_of(nest.loops)):
+        return "it is evaluated only under a condition and would read outside a tensor elsewhere"
+    return None
+
+
+def storable(node: Expr, eq: Equation, nest: Nest) -> bool:
+    """True when storing `node` as `eq`'s dtype and reading it back gives the value `eq` computes with: it is
+    of that float dtype already, or it is loop-index arithmetic (`min(2,128-c*2)`) whose every value fits the
+    mantissa in an equation that reads floats of that dtype only (so the integer is converted to it
+    anyway)."""
+    dtype = eq.lhs.dtype
+    if float_valued(node, dtype):
+        return True
+    return is_float(dtype) and exact_index_value(node, dtype, bounds_of(nest.loops)) and all(
+        a.dtype == dtype for a in value_accesses(eq.rhs) if is_float(a.dtype))
+
+
+def vars_in_loop_order(nest: Nest, node: Expr) -> tuple[str, ...]:
+    """The nest's loop variables that `node` uses, outermost first."""
+    used = set(free_vars(node))
+    return tuple(l.var for l in nest.loops if l.var in used)

@@ -102,6 +102,15 @@ def quiet(check, *args):
         return None
 
 
+def holds(check, *args) -> bool:
+    """True when `check(*args)` raises no IllegalActionError."""
+    try:
+        check(*args)
+    except IllegalActionError:
+        return False
+    return True
+
+
 def is_intermediate(program: Program, name: str) -> bool:
     """`name` is none of the program's inputs and outputs."""
     return name not in program.signature
