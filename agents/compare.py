@@ -6,10 +6,21 @@ predicted (model mode), so a ratio between two of them says as much about the lo
 thread count included), and keeps the medians. PyTorch is called directly, `module(*tensors)` under
 `torch.inference_mode()`: through `Workload.reference` (NumPy copies, `functional_call`) it is 1.2-1.8x
 slower, which would flatter every program compared with it.
+
+PyTorch allocates every output (and intermediate) on each call, and glibc's malloc hands large blocks back
+to the kernel (an `munmap`, or a trim of the heap's top) depending on what the process allocated before: on
+the 2-vCPU AMD VM the same eager call of level2/conv2d_relu_hardswish took 1.8 ms in one process and 0.29 ms
+in another, the difference being page faults on fresh output pages. `torch_seconds` therefore times PyTorch
+at its allocator's steady state (`steady_allocator`: no trimming, large blocks from the heap), the faster of
+the two and what a long-running PyTorch process settles into; the kernels it is compared with write into
+preallocated buffers.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -29,15 +40,33 @@ from .common import AgentResult
 
 ROUNDS = 3
 
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+"""glibc's mallopt parameter numbers (malloc.h)."""
+
+
+@functools.cache
+def steady_allocator() -> bool:
+    """Make this process's glibc malloc keep freed memory (no heap trimming, 64 MiB of top padding, blocks up
+    to 32 MiB from the heap rather than fresh mappings), so that a PyTorch call does not page-fault on its
+    outputs; once per process. False where the C library is not glibc (nothing changed)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    return all(libc.mallopt(param, value) == 1 for param, value in
+               ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20)))
+
 
 def torch_seconds(workload: Workload, protocol: Protocol, module: Callable | None = None) -> float:
     """Seconds per direct call of the workload's module (or of `module`, e.g. its `torch.compile`d form) on
     the workload's seeded inputs (`protocol.seed`): one warm-up call, timed to size the blocks as the
     kernels' timings are sized, then the median of `protocol.repeat` blocks, on `protocol.threads` threads
     (the caller's count is restored); at more than one thread, once the measurement workers are idle
-    (`settle_workers`). Raises StepTPError when the workload has no module."""
+    (`settle_workers`), with the allocator at its steady state (`steady_allocator`). Raises StepTPError when
+    the workload has no module."""
     if workload.module is None:
         raise StepTPError("the workload has no PyTorch module")
+    steady_allocator()
     module = workload.module if module is None else module
     args = workload.torch_arguments(workload.make_inputs(protocol.seed))
     threads = torch.get_num_threads()

@@ -20,6 +20,9 @@ reads it at import) and torch at T threads:
 4. the start program, the best program, MetaSchedule's kernel, PyTorch eager called directly
    (`module(*tensors)` under `torch.inference_mode()`) and the compiled module are timed in turn, ROUNDS
    rounds, and the medians kept (`agents.compare`), so every figure of a row is taken under the same load.
+   PyTorch runs with glibc's malloc at its steady state (`agents.compare.steady_allocator`, from commit
+   "eager at the allocator's steady state" on 2026-12-05): before, some processes' eager calls page-faulted
+   on every output (level2/conv2d_relu_hardswish 1.8 ms a call, 0.29 ms in another process).
 Each finished item is appended to vs_pytorch.progress.jsonl with the commit and lowering version it ran (a
 rerun skips it, so a long run can stop and go on; `--redo` measures the named items again, and the report
 keeps each item's last record). Records name the processor; the report has a section for each.
@@ -234,8 +237,9 @@ def report() -> str:
     lines = ["# The environment's programs against PyTorch, torch.compile and MetaSchedule", "",
              f"Written by `benchmarks/vs_pytorch.py` from `{PROGRESS.name}`. Ratios are time / PyTorch eager called "
              "directly (below 1: faster than PyTorch). Every figure of a row was timed in one process, in turn, "
-             "medians of rounds; 'best' is the standard agent's best program. One section per processor, this "
-             f"machine's ({os.cpu_count()} CPUs) first; preset `{PRESET}`.", ""]
+             "medians of rounds; 'best' is the standard agent's best program. PyTorch's allocator is held at its "
+             "steady state (no page faults on its outputs: `agents.compare.steady_allocator`). One section per "
+             f"processor, this machine's ({os.cpu_count()} CPUs) first; preset `{PRESET}`.", ""]
     for cpu in _processors():
         items, peaks = _rows(cpu)
         if items or peaks:

@@ -3,9 +3,13 @@ replayable; `steptp run` writes its run with the side-by-side figures; PyTorch i
 MaskablePPO learns to beat the random policy."""
 from __future__ import annotations
 
+import ctypes.util
 import json
 import re
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,6 +236,33 @@ def test_compare_without_a_module_names_the_reason(tmp_path):
     assert result.compared_start_s is result.compared_best_s is result.torch_s is result.best_vs_torch is None
     assert "no PyTorch module" in result.compared_note and "no PyTorch module" in describe(result)
     assert json.loads(json.dumps(result.summary()))["best_vs_torch"] is None
+
+
+STEADY_ALLOCATOR_PROBE = """
+import ctypes, ctypes.util, resource, torch
+from agents.compare import steady_allocator
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallopt(-3, 128 << 10), libc.mallopt(-1, 128 << 10)  # glibc's fixed defaults: 1 MiB blocks are mmapped
+def faults():
+    for _ in range(3):
+        torch.ones(1 << 18).sum()  # warm-up: the heap's first growth faults once
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        torch.ones(1 << 18).sum()  # a 1 MiB output, freed at once, as a PyTorch call's are
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / 20
+print(faults(), steady_allocator(), faults())
+"""
+
+
+def test_pytorch_is_timed_with_the_allocator_at_its_steady_state():
+    """With 1 MiB blocks mapped afresh on each call (the state some processes were in: eager calls 6x slower),
+    every call page-faults on its output; `steady_allocator` (which `torch_seconds` calls) stops that."""
+    if not ctypes.util.find_library("c") or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt"):
+        pytest.skip("not glibc")
+    run = subprocess.run([sys.executable, "-c", STEADY_ALLOCATOR_PROBE], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=120, check=True)
+    before, changed, after = run.stdout.split()
+    assert float(before) > 200 and changed == "True" and float(after) < 10, run.stdout
 
 
 class CountingModule(torch.nn.Module):
