@@ -6,7 +6,10 @@ set_storage_layout       change the layout of an intermediate in place (every ac
 A layout is a list of groups, one per dimension of the new tensor: `k` keeps old dimension k, `[k1,k2]`
 merges old dimensions into one row-major dimension (k1 slowest), `[k,div,f]` and `[k,mod,f]` split old
 dimension k into `i//f` and `i%f`. `[1,0]` transposes a matrix, `[[1,0]]` stores it flattened column-major,
-`[[0,div,4],[0,mod,4],1]` splits its rows into blocks of four.
+`[[0,div,4],[0,mod,4],1]` splits its rows into blocks of four. A copy (layout_transformation, not
+set_storage_layout) may also pad: `[k,pad,P]` keeps dimension k but stores it with extent P, zeros after the
+elements read, so that a sum reduction along k can run to P (a multiple of the vector width; see
+`padding.py`). `[0,[1,pad,208]]` pads the 197 columns of a GEMM's left operand to 208.
 """
 from __future__ import annotations
 
@@ -15,20 +18,26 @@ from dataclasses import dataclass, replace
 
 from ..errors import IllegalActionError
 from ..ir.analysis import scans, writes
-from ..ir.ast import Access, BinOp, Const, Equation, Expr, Loop, Nest, Var, equations, free_vars
+from ..ir.ast import Access, BinOp, Const, Equation, Expr, Loop, Nest, Var, all_loops, equations, free_vars
 from ..ir.program import Program
 from .base import Action, Strategy, register
 from .memory import (_applies, _bind_first, _check_intermediate, _check_tensor_name, _copy_source, _extent_of, _fail,
                      _is_gpu, _iterations, _map_accesses, _read_site, _rebuild, _shape, _Site, _site_binding, _sites,
                      _staging_loops, _substitute, _text, _vars_of)
+from .padding import extend_reduction, pad_extent, pad_fill, zero_from
 from .util import factor_menu, fresh_loop_var, fresh_tensor, nest_at
-def _splits(layout: tuple) -> bool:
-    return any(isinstance(group, tuple) and len(group) == 3 and group[1] in ("div", "mod") for group in layout)
+
+
+def _needs_site(layout: tuple) -> bool:
+    """Whether a layout splits or pads: its copy needs a plain loop variable subscript, so only applying it
+    tells whether it is legal at a site."""
+    return any(isinstance(group, tuple) and len(group) == 3 and group[1] in ("div", "mod", "pad")
+               for group in layout)
 
 
 def _layout_parses(layout, shape: tuple[int, ...]) -> bool:
     try:
-        _parse_layout(layout, shape)
+        _parse_layout(layout, shape, padding=True)
     except IllegalActionError:
         return False
     return True
@@ -41,21 +50,33 @@ def _layout_parses(layout, shape: tuple[int, ...]) -> bool:
 
 @dataclass(frozen=True)
 class _Group:
-    """One dimension of a new layout: old dimensions merged row-major, or one part of a split dimension."""
+    """One dimension of a new layout: old dimensions merged row-major, one part of a split dimension, or one
+    dimension padded to extent `factor`."""
 
     dims: tuple[int, ...]
-    split: str = ""  # "", "div" or "mod"
+    split: str = ""  # "", "div", "mod" or "pad"
     factor: int = 0
 
 
-def _parse_layout(layout, shape: tuple[int, ...]) -> list[_Group]:
+def _parse_layout(layout, shape: tuple[int, ...], padding: bool = False) -> list[_Group]:
     """Check a layout against a tensor shape: every old dimension used exactly once (a split dimension by
-    one div and one mod part with the same factor, which must divide it), and not the identity."""
+    one div and one mod part with the same factor, which must divide it; a padded one, where `padding`
+    allows it, by one pad group to a larger extent, in a layout that splits nothing), and not the identity."""
     if not isinstance(layout, tuple) or not layout:
         _fail(f"layout must be a non-empty list of groups, got {layout!r}")
     groups = [_parse_group(item, len(shape)) for item in layout]
-    plain = [d for g in groups if not g.split for d in g.dims]
-    parts = [(g.dims[0], g.split, g.factor) for g in groups if g.split]
+    pads = [g for g in groups if g.split == "pad"]
+    for group in pads:
+        if not padding:
+            _fail("a layout changed in place cannot pad: the shape is what the accesses reach (pad a copy "
+                  "with layout_transformation)")
+        if group.factor <= shape[group.dims[0]]:
+            _fail(f"padding dimension {group.dims[0]} of extent {shape[group.dims[0]]} to {group.factor} "
+                  "does not enlarge it")
+    plain = [d for g in groups if g.split in ("", "pad") for d in g.dims]
+    parts = [(g.dims[0], g.split, g.factor) for g in groups if g.split in ("div", "mod")]
+    if pads and parts:
+        _fail("a layout either splits or pads dimensions, not both")
     for dim, kind, factor in parts:
         partner = "mod" if kind == "div" else "div"
         if (dim, partner, factor) not in parts or parts.count((dim, kind, factor)) > 1:
@@ -66,7 +87,7 @@ def _parse_layout(layout, shape: tuple[int, ...]) -> list[_Group]:
     used = plain + sorted({dim for dim, _, _ in parts})
     if sorted(used) != list(range(len(shape))) or len(used) != len(set(used)):
         _fail(f"layout {_format_layout(layout)} must use each of the {len(shape)} dimensions exactly once")
-    if not parts and all(len(g.dims) == 1 for g in groups) and plain == list(range(len(shape))):
+    if not parts and not pads and all(len(g.dims) == 1 for g in groups) and plain == list(range(len(shape))):
         _fail("the layout is the current one")
     return groups
 
@@ -76,15 +97,15 @@ def _parse_group(item, rank: int) -> _Group:
         item = (item,)
     if not isinstance(item, tuple) or not item:
         _fail(f"a layout group must be a dimension or a list, got {item!r}")
-    if len(item) == 3 and item[1] in ("div", "mod"):
+    if len(item) == 3 and item[1] in ("div", "mod", "pad"):
         dim, kind, factor = item
         if not isinstance(dim, int) or not isinstance(factor, int):
-            _fail(f"split group {item!r} must be [dimension, div|mod, factor]")
+            _fail(f"split or pad group {item!r} must be [dimension, div|mod|pad, extent]")
         group = _Group((dim,), kind, factor)
     elif all(isinstance(d, int) for d in item):
         group = _Group(tuple(item))
     else:
-        _fail(f"layout group {item!r} is neither a list of dimensions nor [dimension, div|mod, factor]")
+        _fail(f"layout group {item!r} is neither a list of dimensions nor [dimension, div|mod|pad, extent]")
     if any(not 0 <= d < rank for d in group.dims):
         _fail(f"layout group {item!r} names a dimension outside 0..{rank - 1}")
     return group
@@ -98,6 +119,9 @@ def _relayout(indices: tuple[Expr, ...], groups: list[_Group], shape: tuple[int,
     """The subscripts of the new layout for an access at `indices` of a tensor of `shape`."""
     out = []
     for group in groups:
+        if group.split == "pad":
+            out.append(indices[group.dims[0]])
+            continue
         if group.split:
             op = "//" if group.split == "div" else "%"
             out.append(BinOp(op, indices[group.dims[0]], Const(group.factor)))
@@ -214,7 +238,8 @@ class LayoutTransformation(Strategy):
         return tuple((name, program.tensors[name].shape) for name in names if name in program.tensors)
 
     def nest_candidates(self, program: Program, n: int, target: str) -> list[Action]:
-        found = []
+        found: list[Action] = []
+        padded: list[Action] = []
         for tensor in dict.fromkeys(s.access.name for s in _sites(program.nests[n]) if not s.is_write):
             site, _ = _copy_source(program, n, tensor)
             if site is None or not site.access.indices:
@@ -223,12 +248,15 @@ class LayoutTransformation(Strategy):
             menu = [self.action(nest=n, tensor=tensor, layout=layout)
                     for layout in _layout_menu(shape, _loop_order(site), _lanes_dimension(site))]
             # the site decides whether a permutation applies, so after the first one the others only
-            # have to parse (applying each would rebuild and re-validate the whole program); a split
-            # layout also needs a plain subscript, so it is always applied
+            # have to parse (applying each would rebuild and re-validate the whole program); a split or
+            # padded layout also needs a plain subscript, so it is always applied
             if menu and _applies(self, program, menu[0]):
-                found += [menu[0]] + [a for a in menu[1:] if (_applies(self, program, a) if _splits(a["layout"])
+                found += [menu[0]] + [a for a in menu[1:] if (_applies(self, program, a) if _needs_site(a["layout"])
                                                               else _layout_parses(a["layout"], shape))]
-        return found
+            padded.extend(self.action(nest=n, tensor=tensor, layout=layout)
+                          for layout in _pad_menu(program, program.nests[n], site, shape))
+        # after every other layout of the nest, so that the earlier ranks keep their meaning
+        return found + [a for a in padded if _applies(self, program, a)]
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
@@ -242,12 +270,13 @@ class LayoutTransformation(Strategy):
         if not source.indices:
             _fail(f"{tensor} is a scalar; it has no layout to change")
         shape = _extent_of(source.indices, site.loops)
-        groups = _parse_layout(layout, shape)
+        groups = _parse_layout(layout, shape, padding=True)
         copy_name = fresh_tensor(program)
         new_read = Access(copy_name, source.dtype, "g", _relayout(source.indices, groups, shape))
         copy = _layout_copy(nest, site, groups, shape, copy_name)
         staged = _map_accesses(nest, lambda a: new_read if a == source else a, _site_binding(site))
-        return _rebuild(program, list(program.nests[:n]) + [copy, staged] + list(program.nests[n + 1:]))
+        result = _rebuild(program, list(program.nests[:n]) + [copy, staged] + list(program.nests[n + 1:]))
+        return _extended(result, n, site, groups, shape)
 
     def infer(self, before: Program, after: Program) -> list[Action]:
         """Read the layout off the first re-indexed read in the nest after the new copy nest."""
@@ -265,6 +294,11 @@ class LayoutTransformation(Strategy):
                     layout = _derive_layout(old.access.indices, new.access.indices)
                     if layout is None:
                         return []
+                    reach = _extent_of(old.access.indices, old.loops)
+                    stored = after.tensors[new_name].shape
+                    if reach is not None and len(stored) == len(layout):  # a padded dimension is stored larger
+                        layout = tuple((g, "pad", size) if isinstance(g, int) and size > reach[g] else g
+                                       for g, size in zip(layout, stored))
                     return [self.action(nest=n, tensor=old.access.name, layout=layout)]
             return []
         return []
@@ -276,6 +310,17 @@ class LayoutTransformation(Strategy):
         new_name = writes(copy)[0]
         new_read = next(s.access for s in _sites(after.nests[n + 1]) if s.access.name == new_name)
         shape = _shape(before, tensor)
+        grown = [f"loop {l.var} from {o.extent} to {l.extent}" for l, o in zip(all_loops(after.nests[n + 1]),
+                                                                              all_loops(before.nests[n]))
+                 if l.extent != o.extent]
+        padding = "" if not any(isinstance(g, tuple) and g[1:2] == ("pad",) for g in layout) else (
+            " The padded positions hold zeros" + (f", so nest {n + 1} now runs its sum reduction {', '.join(grown)}: "
+                                                  "the added terms are products of those zeros, exactly +0, and "
+                                                  "leave every sum as it was; the loop's new extent has the "
+                                                  "factors tiles and vector loops need." if grown else
+                                                  "; once every tensor the reduction reads along the padded "
+                                                  "dimension is padded the same way, its loop can run to the "
+                                                  "padded extent."))
         return (f"Copied {tensor} ({'x'.join(map(str, shape))}) as read by nest {n} into {new_name} with layout "
                 f"{_format_layout(layout)} ({'x'.join(map(str, after.tensors[new_name].shape))}): the new nest "
                 f"{n} fills it in {_iterations(copy)} iteration(s) and nest {n + 1} reads {_text(new_read)} "
@@ -283,7 +328,7 @@ class LayoutTransformation(Strategy):
                 f"subscripts stay inside {tensor}, and the new subscripts are a one-to-one map of the old ones "
                 f"(strides from the extents they reach). The copy costs one pass over the elements read; it "
                 f"pays off when the new order makes the innermost loop of nest {n + 1} walk consecutive "
-                f"addresses.")
+                f"addresses.{padding}")
 
 
 def _loop_order(site: _Site) -> tuple[int, ...] | None:
@@ -314,20 +359,22 @@ def _written_order(program: Program, tensor: str) -> tuple[int, ...] | None:
 def _layout_copy(nest: Nest, site: _Site, groups: list[_Group], shape: tuple[int, ...], name: str) -> Nest:
     """The nest that fills the re-laid-out copy of the access at `site`. A split copies over the tensor's
     dimensions in order (the reference's form), with the split loop cut into an outer loop over the blocks
-    and the old loop over the block."""
+    and the old loop over the block. A padded dimension's loop runs to the padded extent, storing zeros past
+    the elements read."""
     source = site.access
-    split = next((g for g in groups if g.split), None)
+    split = next((g for g in groups if g.split in ("div", "mod")), None)
     target = _relayout(source.indices, groups, shape)
     if split is None:
         loops = _staging_loops(site.loops, _vars_of(source.indices))
+        guards = [(_plain_var(source, g.dims[0], "padding").name, shape[g.dims[0]], g.factor)
+                  for g in groups if g.split == "pad"]
+        loops = [replace(l, extent=next((p for v, _, p in guards if v == l.var), l.extent)) for l in loops]
+        value = pad_fill(source, [(v, e) for v, e, _ in guards]) if guards else source
         rename = _bind_first(loops, _is_gpu(nest))
         write = Access(name, source.dtype, "g", tuple(_substitute(t, rename) for t in target))
-        return Nest(tuple(loops), (Equation(write, _substitute(source, rename)),))
+        return Nest(tuple(loops), (Equation(write, _substitute(value, rename)),))
     dim, factor = split.dims[0], split.factor
-    var = source.indices[dim]
-    if not isinstance(var, Var) or sum(var.name in free_vars(i) for i in source.indices) != 1:
-        _fail(f"splitting dimension {dim} needs a plain loop variable subscript used nowhere else, "
-              f"got {_text(var)}")
+    var = _plain_var(source, dim, "splitting")
     extents = {l.var: l for l in site.loops}
     order = dict.fromkeys(v for index in source.indices for v in free_vars(index))
     loops = _staging_loops(tuple(extents[v] for v in order), set(order))
@@ -339,6 +386,44 @@ def _layout_copy(nest: Nest, site: _Site, groups: list[_Group], shape: tuple[int
     rename = _bind_first(loops, _is_gpu(nest))
     write = Access(name, source.dtype, "g", tuple(_substitute(t, rename) for t in target))
     return Nest(tuple(loops), (Equation(write, _substitute(read, rename)),))
+
+
+def _plain_var(source: Access, dim: int, what: str) -> Var:
+    """The loop variable that is subscript `dim` of `source` and appears in no other subscript."""
+    var = source.indices[dim]
+    if not isinstance(var, Var) or sum(var.name in free_vars(i) for i in source.indices) != 1:
+        _fail(f"{what} dimension {dim} needs a plain loop variable subscript used nowhere else, "
+              f"got {_text(var)}")
+    return var
+
+
+def _pad_menu(program: Program, nest: Nest, site: _Site, shape: tuple[int, ...]) -> list[tuple]:
+    """Padded layouts for the dimensions whose subscript is a loop variable the site's equation reduces
+    over (it does not index the written element), each to `pad_extent`, unless the tensor read is a padded
+    copy already: the layouts that can let a sum reduction's loop run to a multiple of the vector width."""
+    written = {v for s in _sites(nest) if s.is_write and s.loops == site.loops
+               for index in s.access.indices for v in free_vars(index)}
+    loops = {l.var for l in site.loops}
+    menu = []
+    for dim, index in enumerate(site.access.indices):
+        padded = pad_extent(shape[dim])
+        if (isinstance(index, Var) and index.name in loops and index.name not in written and padded is not None
+                and zero_from(program, site.access.name, dim) is None):
+            menu.append(tuple((d, "pad", padded) if d == dim else d for d in range(len(shape))))
+    return menu
+
+
+def _extended(program: Program, n: int, site: _Site, groups: list[_Group], shape: tuple[int, ...]) -> Program:
+    """`program` (the copy at nest n, the reading nest at n + 1) with the reading nest's sum reductions run to
+    the padded extent of each padded dimension where `extend_reduction` allows it."""
+    for group in groups:
+        if group.split != "pad":
+            continue
+        var = site.access.indices[group.dims[0]].name
+        grown = extend_reduction(program, program.nests[n + 1], var, shape[group.dims[0]], group.factor)
+        if grown is not None:
+            program = _rebuild(program, list(program.nests[:n + 1]) + [grown] + list(program.nests[n + 2:]))
+    return program
 
 
 # ---------------------------------------------------------------------------------------------------------
