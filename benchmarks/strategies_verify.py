@@ -4,11 +4,13 @@ benchmarks/results/strategies_verify.md (failures listed in strategies_verify.js
 only those strategies' candidates, written to strategies_verify_<out>.md/.json.
 
     python benchmarks/strategies_verify.py [--workers 2] [--filter 'level1/*'] [--strategies a,b --out name]
-                                           [--after strategy] [--opt-level 0] [--report]
+                                           [--after strategy] [--match text] [--opt-level 0] [--report]
 
 Building dominates (LLVM takes ~90% of a candidate's 0.7 s on the attention workloads); `--opt-level 0`
 builds with LLVM unoptimised, 2.5x faster. The strategies' semantics are in the lowered TIR, which is the
 same at every level; the level each workload was checked at is kept in the progress file and the table.
+`--match pad` keeps only the candidates whose action text contains "pad" (and, with `--after`, only such
+starting actions): a menu that grew is checked on its new entries without rebuilding the old ones.
 """
 from __future__ import annotations
 
@@ -24,22 +26,22 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def check_workload(uri: str, strategies: tuple[str, ...] = (), after: str = "",
-                   opt_level: int | None = None) -> list[dict]:
-    """Worker: all candidates of one workload (of `strategies` only, when given); one dict per candidate
-    (never raises). With `after`, the candidates on each result of each `after` candidate instead (for
-    strategies such as operator_fission that only apply to transformed programs)."""
+                   opt_level: int | None = None, match: str = "") -> list[dict]:
+    """Worker: all candidates of one workload (of `strategies` only, when given; whose text contains `match`);
+    one dict per candidate (never raises). With `after`, the candidates on each result of each `after`
+    candidate instead (for strategies such as operator_fission that only apply to transformed programs)."""
     from steptp_env import verify
     from steptp_env.strategies import REGISTRY, apply_action, candidates
     from steptp_env.workloads import get_workload
 
     wl = get_workload(uri, preset="tiny")
-    starts = [(a.text + " ; ", apply_action(wl.program, a)) for a in REGISTRY[after].candidates(wl.program)] \
-        if after else [("", wl.program)]
+    starts = [(a.text + " ; ", apply_action(wl.program, a)) for a in REGISTRY[after].candidates(wl.program)
+              if match in a.text] if after else [("", wl.program)]
     rows = []
     for prefix, program in starts:
         actions = [a for name in strategies for a in REGISTRY[name].candidates(program)] if strategies \
             else candidates(program)
-        for action in actions:
+        for action in [a for a in actions if match in a.text]:
             row = {"workload": uri, "strategy": action.strategy, "action": prefix + action.text}
             try:
                 report = verify(apply_action(program, action), wl, trials=2, opt_level=opt_level)
@@ -60,6 +62,7 @@ def main() -> None:
     parser.add_argument("--out", default="", help="suffix of the result files: strategies_verify_<out>.md")
     parser.add_argument("--after", default="", help="check the candidates on the results of this strategy's "
                         "candidates (e.g. operator_fission after operator_fusion)")
+    parser.add_argument("--match", default="", help="only candidates whose action text contains this")
     parser.add_argument("--opt-level", type=int, default=None, help="LLVM optimisation level of the builds "
                         "(default: TVM's, 3)")
     parser.add_argument("--report", action="store_true", help="only tabulate the workloads done so far")
@@ -86,7 +89,7 @@ def main() -> None:
             progress.open("a") as log:
         n = len(todo)
         for uri, result in zip(todo, pool.map(check_workload, todo, [strategies] * n, [args.after] * n,
-                                              [args.opt_level] * n)):
+                                              [args.opt_level] * n, [args.match] * n)):
             counts = collections.defaultdict(collections.Counter)
             for row in result:
                 counts[row["strategy"]]["ok" if row["ok"] else "failed"] += 1
@@ -106,7 +109,9 @@ def main() -> None:
     verified = sum(c["ok"] for c in table.values())
     total = verified + sum(c["failed"] for c in table.values())
     which = f"the strategies {', '.join(strategies)}" if strategies else "every strategy"
-    which += f" on the results of every {args.after} candidate" if args.after else ""
+    which += f" whose text contains {args.match!r}" if args.match else ""
+    which += f" on the results of every {args.after} candidate" + (" containing it" if args.match else "") \
+        if args.after else ""
     lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `tiny`)", "",
              f"{len(uris)} workloads{' (done so far)' if args.report else ''}, {total} candidates, "
              f"{verified} verified equivalent, " + (
