@@ -1,10 +1,11 @@
-"""Every candidate of every implemented strategy on every suite workload at `tiny`, applied, lowered,
+"""Every candidate of every implemented strategy on every suite workload at `tiny` (or `--preset`), applied, lowered,
 built and verified against the workload's PyTorch reference. Per-strategy table in
 benchmarks/results/strategies_verify.md (failures listed in strategies_verify.json); with `--strategies`,
 only those strategies' candidates, written to strategies_verify_<out>.md/.json.
 
     python benchmarks/strategies_verify.py [--workers 2] [--filter 'level1/*'] [--strategies a,b --out name]
-                                           [--after strategy] [--match text] [--opt-level 0] [--report]
+                                           [--after strategy] [--match text] [--preset small] [--opt-level 0]
+                                           [--report]
 
 Building dominates (LLVM takes ~90% of a candidate's 0.7 s on the attention workloads); `--opt-level 0`
 builds with LLVM unoptimised, 2.5x faster. The strategies' semantics are in the lowered TIR, which is the
@@ -26,7 +27,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def check_workload(uri: str, strategies: tuple[str, ...] = (), after: str = "",
-                   opt_level: int | None = None, match: str = "") -> list[dict]:
+                   opt_level: int | None = None, match: str = "", preset: str = "tiny") -> list[dict]:
     """Worker: all candidates of one workload (of `strategies` only, when given; whose text contains `match`);
     one dict per candidate (never raises). With `after`, the candidates on each result of each `after`
     candidate instead (for strategies such as operator_fission that only apply to transformed programs)."""
@@ -34,7 +35,7 @@ def check_workload(uri: str, strategies: tuple[str, ...] = (), after: str = "",
     from steptp_env.strategies import REGISTRY, apply_action, candidates
     from steptp_env.workloads import get_workload
 
-    wl = get_workload(uri, preset="tiny")
+    wl = get_workload(uri, preset=preset)
     starts = [(a.text + " ; ", apply_action(wl.program, a)) for a in REGISTRY[after].candidates(wl.program)
               if match in a.text] if after else [("", wl.program)]
     rows = []
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--out", default="", help="suffix of the result files: strategies_verify_<out>.md")
     parser.add_argument("--after", default="", help="check the candidates on the results of this strategy's "
                         "candidates (e.g. operator_fission after operator_fusion)")
+    parser.add_argument("--preset", default="tiny", help="workload sizes (small: for menus, such as padding, "
+                        "that only appear at larger extents)")
     parser.add_argument("--match", default="", help="only candidates whose action text contains this")
     parser.add_argument("--opt-level", type=int, default=None, help="LLVM optimisation level of the builds "
                         "(default: TVM's, 3)")
@@ -89,7 +92,7 @@ def main() -> None:
             progress.open("a") as log:
         n = len(todo)
         for uri, result in zip(todo, pool.map(check_workload, todo, [strategies] * n, [args.after] * n,
-                                              [args.opt_level] * n, [args.match] * n)):
+                                              [args.opt_level] * n, [args.match] * n, [args.preset] * n)):
             counts = collections.defaultdict(collections.Counter)
             for row in result:
                 counts[row["strategy"]]["ok" if row["ok"] else "failed"] += 1
@@ -112,7 +115,7 @@ def main() -> None:
     which += f" whose text contains {args.match!r}" if args.match else ""
     which += f" on the results of every {args.after} candidate" + (" containing it" if args.match else "") \
         if args.after else ""
-    lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `tiny`)", "",
+    lines = [f"# Every candidate of {which}, verified against PyTorch (suite at `{args.preset}`)", "",
              f"{len(uris)} workloads{' (done so far)' if args.report else ''}, {total} candidates, "
              f"{verified} verified equivalent, " + (
                  f"tabulated from {progress.name} (the run is not finished)." if args.report else
