@@ -50,6 +50,21 @@ def test_menu_lists_pads_of_reduced_dimensions_after_the_other_layouts(matmul):
     assert [a.text for a in LAYOUT.candidates(after) if "pad" in a.text] == [PAD_C]
 
 
+def test_pad_menu_does_not_depend_on_what_was_enumerated_before():
+    """The same reading nest is offered a pad when its input is a plain copy and none when it is a padded
+    one, whichever program was enumerated first (the per-nest candidate cache keys on the padding)."""
+    plain = _program("L^{4}_{a=0}L^{40}_{c=0}[E^{f32,g}_{a,c}=A^{f32,g}_{a,c}*2;];"
+                     "L^{4}_{a=0}L^{37}_{c=0}[D^{f32,g}_{a}=D^{f32,g}_{a}+E^{f32,g}_{a,c};];",
+                     ("A", (4, 40), "input"), ("D", (4,), "output"))
+    padded = _program("L^{4}_{a=0}L^{40}_{c=0}[E^{f32,g}_{a,c}=if_then_else(c<37,A^{f32,g}_{a,c},0);];"
+                      "L^{4}_{a=0}L^{37}_{c=0}[D^{f32,g}_{a}=D^{f32,g}_{a}+E^{f32,g}_{a,c};];",
+                      ("A", (4, 40), "input"), ("D", (4,), "output"))
+    for first, second in ((plain, padded), (padded, plain)):
+        pads = [[a.text for a in LAYOUT.candidates(p) if "pad" in a.text] for p in (first, second)]
+        assert pads == ([["layout_transformation(nest=1, tensor=E, layout=[0,[1,pad,40]])"], []]
+                        if first is plain else [[], ["layout_transformation(nest=1, tensor=E, layout=[0,[1,pad,40]])"]])
+
+
 def test_second_pad_extends_the_reduction_and_verifies(matmul):
     one = apply_action(matmul.program, PAD_A)
     assert "if_then_else(d<37,A^{f32,g}_{a,d},0)" in one.leir and _reduction_extent(one) == 37

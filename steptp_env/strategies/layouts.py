@@ -233,9 +233,12 @@ class LayoutTransformation(Strategy):
     nest_local = True
 
     def nest_context(self, program: Program, index: int) -> tuple:
-        """The shapes of the tensors the nest accesses (a copy's legality depends on them)."""
+        """The shapes of the tensors the nest accesses (a copy's legality depends on them) and where each
+        holds padding zeros (a padded copy is not offered another pad)."""
         names = dict.fromkeys(s.access.name for s in _sites(program.nests[index]))
-        return tuple((name, program.tensors[name].shape) for name in names if name in program.tensors)
+        return tuple((name, program.tensors[name].shape,
+                      tuple(zero_from(program, name, d) for d in range(len(program.tensors[name].shape))))
+                     for name in names if name in program.tensors)
 
     def nest_candidates(self, program: Program, n: int, target: str) -> list[Action]:
         found: list[Action] = []
