@@ -1,6 +1,7 @@
 """Can a policy trained on model-mode rewards be trusted? The issue-17 PPO figure.
 
     PYTHONPATH=. python benchmarks/ppo_model_mode.py [--timesteps 10000] [--uncertainty-penalty 0 1]
+        [--learning-rate 3e-4] [--ent-coef 0.0] [--gamma 0.99] [--out name]
 
 MaskablePPO (`agents.ppo.train`, seed 0) is trained for `--timesteps` steps in model mode on a fixed tiny
 training set (TRAINING, episodes of at most 8 steps; the packaged cost model, one thread), once per
@@ -9,7 +10,7 @@ verified, and the final program timed paired against the start program (`StepTPE
 the rewards claimed (exp of the episode's return) against the measured one. Targets (issue 17): measured
 >= 1.0 on every workload and within 20% of the claimed speedup.
 
-Writes benchmarks/results/ppo_model_mode.md and .json.
+Writes benchmarks/results/ppo_model_mode.md and .json (ppo_model_mode_<out>.* with `--out`).
 """
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TRAINING = ["level1/matmul", "level1/softmax", "level1/conv2d", "level1/layer_norm", "level2/gemm_relu_divide"]
 
 
-def one_run(timesteps: int, penalty: float, store: Path) -> dict:
+def one_run(timesteps: int, penalty: float, store: Path, hyper: dict) -> dict:
     env = StepTPEnv(TRAINING, "tiny", mode="model", max_steps=8, store=store, uncertainty_penalty=penalty)
     start = time.perf_counter()
-    model = train(env, timesteps, seed=0)
+    model = train(env, timesteps, seed=0, **hyper)
     trained_s = time.perf_counter() - start
     rows = []
     for uri in TRAINING:  # one deterministic episode per workload: model mode and a greedy policy
@@ -48,15 +49,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timesteps", type=int, default=10_000)
     parser.add_argument("--uncertainty-penalty", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--learning-rate", type=float, default=3e-4, help="PPO's step size (SB3's default)")
+    parser.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus (SB3's default: none)")
+    parser.add_argument("--gamma", type=float, default=0.99, help="discount (1.0: the return is the log of the "
+                        "episode's whole claimed speedup)")
+    parser.add_argument("--out", default="", help="suffix of the result files")
     args = parser.parse_args()
+    hyper = {"learning_rate": args.learning_rate, "ent_coef": args.ent_coef, "gamma": args.gamma}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for penalty in args.uncertainty_penalty:
-            runs.append(one_run(args.timesteps, penalty, Path(tmp) / "store.sqlite"))
+            runs.append(one_run(args.timesteps, penalty, Path(tmp) / "store.sqlite", hyper))
             print(json.dumps(runs[-1], indent=1), flush=True)
     lines = ["# PPO trained on model-mode rewards, its final programs measured", "",
              f"`PYTHONPATH=. python benchmarks/ppo_model_mode.py --timesteps {args.timesteps} "
-             f"--uncertainty-penalty {' '.join(map(str, args.uncertainty_penalty))}`; training set "
+             f"--uncertainty-penalty {' '.join(map(str, args.uncertainty_penalty))} --learning-rate "
+             f"{args.learning_rate} --ent-coef {args.ent_coef} --gamma {args.gamma}"
+             + (f" --out {args.out}" if args.out else "") + "`; training set "
              f"{', '.join(TRAINING)} at `tiny`, 8 steps per episode, seed 0, one thread; measured = the final "
              f"program timed paired against the start (`StepTPEnv.validate`); {os.cpu_count()} CPUs.", "",
              "| uncertainty penalty | workload | actions | claimed | measured (95% interval) | measured/claimed | "
@@ -77,8 +86,9 @@ def main() -> None:
     lines += ["", f"Load average (1, 5, 15 min) at the end of each run: "
                   + "; ".join(", ".join(f"{x:.2f}" for x in run["load"]) for run in runs) + "."]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ppo_model_mode.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "ppo_model_mode.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1) + "\n")
+    stem = f"ppo_model_mode_{args.out}" if args.out else "ppo_model_mode"
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1) + "\n")
     print("\n".join(lines))
 
 
