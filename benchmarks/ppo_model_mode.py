@@ -1,10 +1,11 @@
 """Can a policy trained on model-mode rewards be trusted? The issue-17 PPO figure.
 
     PYTHONPATH=. python benchmarks/ppo_model_mode.py [--timesteps 10000] [--uncertainty-penalty 0 1]
-        [--learning-rate 3e-4] [--ent-coef 0.0] [--gamma 0.99] [--out name]
+        [--learning-rate 3e-4] [--ent-coef 0.0] [--gamma 0.99] [--preset tiny] [--out name]
 
-MaskablePPO (`agents.ppo.train`, seed 0) is trained for `--timesteps` steps in model mode on a fixed tiny
-training set (TRAINING, episodes of at most 8 steps; the packaged cost model, one thread), once per
+MaskablePPO (`agents.ppo.train`, seed 0) is trained for `--timesteps` steps in model mode on a fixed small
+training set (TRAINING, at `--preset`, tiny by default; episodes of at most 8 steps; the packaged cost model,
+trained on measurements at small; one thread), once per
 `--uncertainty-penalty` value. Then its greedy episode on every training workload is replayed, each program
 verified, and the final program timed paired against the start program (`StepTPEnv.validate`): the speedup
 the rewards claimed (exp of the episode's return) against the measured one. Targets (issue 17): measured
@@ -28,14 +29,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TRAINING = ["level1/matmul", "level1/softmax", "level1/conv2d", "level1/layer_norm", "level2/gemm_relu_divide"]
 
 
-def one_run(timesteps: int, penalty: float, store: Path, hyper: dict) -> dict:
-    env = StepTPEnv(TRAINING, "tiny", mode="model", max_steps=8, store=store, uncertainty_penalty=penalty)
+def one_run(timesteps: int, penalty: float, store: Path, hyper: dict, preset: str) -> dict:
+    env = StepTPEnv(TRAINING, preset, mode="model", max_steps=8, store=store, uncertainty_penalty=penalty)
     start = time.perf_counter()
     model = train(env, timesteps, seed=0, **hyper)
     trained_s = time.perf_counter() - start
     rows = []
     for uri in TRAINING:  # one deterministic episode per workload: model mode and a greedy policy
-        alone = StepTPEnv(uri, "tiny", mode="model", max_steps=8, store=store, uncertainty_penalty=penalty)
+        alone = StepTPEnv(uri, preset, mode="model", max_steps=8, store=store, uncertainty_penalty=penalty)
         rows += measured_finals(policy_of(model), alone, [0])
     for row in rows:
         measured = row["measured"]
@@ -53,20 +54,24 @@ def main() -> None:
     parser.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus (SB3's default: none)")
     parser.add_argument("--gamma", type=float, default=0.99, help="discount (1.0: the return is the log of the "
                         "episode's whole claimed speedup)")
+    parser.add_argument("--preset", default="tiny", help="workload sizes (the packaged cost model was trained "
+                        "on measurements at small)")
     parser.add_argument("--out", default="", help="suffix of the result files")
     args = parser.parse_args()
     hyper = {"learning_rate": args.learning_rate, "ent_coef": args.ent_coef, "gamma": args.gamma}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for penalty in args.uncertainty_penalty:
-            runs.append(one_run(args.timesteps, penalty, Path(tmp) / "store.sqlite", hyper))
+            runs.append(one_run(args.timesteps, penalty, Path(tmp) / "store.sqlite", hyper,
+                                args.preset))
             print(json.dumps(runs[-1], indent=1), flush=True)
     lines = ["# PPO trained on model-mode rewards, its final programs measured", "",
              f"`PYTHONPATH=. python benchmarks/ppo_model_mode.py --timesteps {args.timesteps} "
              f"--uncertainty-penalty {' '.join(map(str, args.uncertainty_penalty))} --learning-rate "
              f"{args.learning_rate} --ent-coef {args.ent_coef} --gamma {args.gamma}"
+             + (f" --preset {args.preset}" if args.preset != "tiny" else "")
              + (f" --out {args.out}" if args.out else "") + "`; training set "
-             f"{', '.join(TRAINING)} at `tiny`, 8 steps per episode, seed 0, one thread; measured = the final "
+             f"{', '.join(TRAINING)} at `{args.preset}`, 8 steps per episode, seed 0, one thread; measured = the final "
              f"program timed paired against the start (`StepTPEnv.validate`); {os.cpu_count()} CPUs.", "",
              "| uncertainty penalty | workload | actions | claimed | measured (95% interval) | measured/claimed | "
              ">= 1.0 | within 20% |", "|---|---|---|---|---|---|---|---|"]
