@@ -62,8 +62,7 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for penalty in args.uncertainty_penalty:
-            runs.append(one_run(args.timesteps, penalty, Path(tmp) / "store.sqlite", hyper,
-                                args.preset))
+            runs.append(one_run(args.timesteps, penalty, Path(tmp) / "store.sqlite", hyper, args.preset))
             print(json.dumps(runs[-1], indent=1), flush=True)
     lines = ["# PPO trained on model-mode rewards, its final programs measured", "",
              f"`PYTHONPATH=. python benchmarks/ppo_model_mode.py --timesteps {args.timesteps} "

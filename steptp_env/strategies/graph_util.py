@@ -66,6 +66,13 @@ def reads_own_target(eq: Equation) -> bool:
     return any(a.name == eq.lhs.name for a in accesses(eq.rhs))
 
 
+def range_chains(cond: Expr, var: str) -> list[Compare]:
+    """The comparison chains (`lo<=v<hi`) of a conjunction that mention loop variable `var`."""
+    if isinstance(cond, And):
+        return range_chains(cond.lhs, var) + range_chains(cond.rhs, var)
+    return [cond] if isinstance(cond, Compare) and var in free_vars(cond) else []
+
+
 def bounds_of(loops: tuple[Loop, ...]) -> dict[str, int]:
     return {l.var: l.extent for l in loops}
 

@@ -24,7 +24,7 @@ from .base import Action, Strategy, register
 from .memory import (_applies, _bind_first, _check_intermediate, _check_tensor_name, _copy_source, _extent_of, _fail,
                      _is_gpu, _iterations, _map_accesses, _read_site, _rebuild, _shape, _Site, _site_binding, _sites,
                      _staging_loops, _substitute, _text, _vars_of)
-from .padding import extend_reduction, pad_extent, pad_fill, zero_from
+from .padding import extend_reduction, pad_extent, pad_fill, padding_zeros, zero_from
 from .util import factor_menu, fresh_loop_var, fresh_tensor, nest_at
 
 
@@ -235,10 +235,9 @@ class LayoutTransformation(Strategy):
     def nest_context(self, program: Program, index: int) -> tuple:
         """The shapes of the tensors the nest accesses (a copy's legality depends on them) and where each
         holds padding zeros (a padded copy is not offered another pad)."""
-        names = dict.fromkeys(s.access.name for s in _sites(program.nests[index]))
-        return tuple((name, program.tensors[name].shape,
-                      tuple(zero_from(program, name, d) for d in range(len(program.tensors[name].shape))))
-                     for name in names if name in program.tensors)
+        names = [n for n in dict.fromkeys(s.access.name for s in _sites(program.nests[index])) if n in program.tensors]
+        zeros = padding_zeros(program, names)
+        return tuple((name, program.tensors[name].shape, zeros[name]) for name in names)
 
     def nest_candidates(self, program: Program, n: int, target: str) -> list[Action]:
         found: list[Action] = []

@@ -177,6 +177,8 @@ def _applies(strategy: Strategy, program: Program, action: Action) -> bool:
     except IllegalActionError:
         return False
     return True
+
+
 def _check_tensor_name(value) -> str:
     if not isinstance(value, str):
         _fail(f"tensor must be a tensor name, got {value!r}")

@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..frontend.emit import cmp, select
 from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
                       equations, free_vars)
 from ..ir.program import Program
+from .graph_util import range_chains
 
 PAD_MULTIPLES = (16, 8)
 """The menu pads a dimension to the next multiple of 16 (an AVX-512 register of float32), or of 8 (AVX2),
@@ -40,44 +42,51 @@ def pad_extent(extent: int) -> int | None:
 
 def pad_fill(read: Expr, guards: list[tuple[str, int]]) -> Expr:
     """The value a padded copy stores: `read` where every guarded variable is below its old extent, else 0."""
-    conditions = [Compare((Var(var), Const(extent)), ("<",)) for var, extent in guards]
+    conditions = [cmp(Var(var), "<", Const(extent)) for var, extent in guards]
     condition = conditions[0]
     for extra in conditions[1:]:
         condition = And(condition, extra)
-    return Call("if_then_else", (condition, read, Const(0)))
+    return select(condition, read, Const(0))
+
+
+def padding_zeros(program: Program, tensors) -> dict[str, tuple[int | None, ...]]:
+    """For each of `tensors`, per dimension, the index from which it holds zeros up to its extent, when one
+    equation of the program writes it and that equation is a padded copy's
+    (`T_{..,v,..} = if_then_else(... & v<m & ..., x, 0)`, v a plain loop variable at that dimension): m;
+    None where the program does not show such zeros. One pass over the program for all of them."""
+    wanted = set(tensors)
+    writers: dict[str, list[Equation]] = {}
+    for nest in program.nests:
+        for _, eq in equations(nest):
+            if eq.lhs.name in wanted:
+                writers.setdefault(eq.lhs.name, []).append(eq)
+    found = {}
+    for name in wanted:
+        eqs = writers.get(name, [])
+        rank = len(program.tensors[name].shape) if name in program.tensors else 0
+        found[name] = tuple(_zero_start(eqs[0], dim) if len(eqs) == 1 else None for dim in range(rank))
+    return found
 
 
 def zero_from(program: Program, tensor: str, dim: int) -> int | None:
-    """The index from which `tensor` holds zeros along `dim` up to its extent, when one nest writes it with a
-    padded copy's equation (`T_{..,v,..} = if_then_else(... & v<m & ..., x, 0)`, v a plain loop variable at
-    `dim`): m. None when the program does not show such zeros."""
-    writers = [nest for nest in program.nests if any(eq.lhs.name == tensor for _, eq in equations(nest))]
-    if len(writers) != 1:
-        return None
-    found = [eq for _, eq in equations(writers[0]) if eq.lhs.name == tensor]
-    if len(found) != 1 or dim >= found[0].lhs.rank:
-        return None
-    eq = found[0]
-    var = eq.lhs.indices[dim]
+    """`padding_zeros` of one tensor at one dimension."""
+    starts = padding_zeros(program, [tensor])[tensor]
+    return starts[dim] if dim < len(starts) else None
+
+
+def _zero_start(eq: Equation, dim: int) -> int | None:
+    """m when `eq` stores zeros from index m on along `dim` (see `padding_zeros`), else None."""
+    var = eq.lhs.indices[dim] if dim < eq.lhs.rank else None
     rhs = eq.rhs
     if not (isinstance(var, Var) and isinstance(rhs, Call) and rhs.func == "if_then_else"
             and rhs.args[2] == Const(0)):
         return None
-    bounds = [_upper_bound(c, var.name) for c in _conjuncts(rhs.args[0])]
-    bounds = [b for b in bounds if b is not None]
+    bounds = [b for b in (_upper_bound(c, var.name) for c in range_chains(rhs.args[0], var.name)) if b is not None]
     return min(bounds) if bounds else None
 
 
-def _conjuncts(condition: Expr) -> list[Expr]:
-    if isinstance(condition, And):
-        return _conjuncts(condition.lhs) + _conjuncts(condition.rhs)
-    return [condition]
-
-
-def _upper_bound(condition: Expr, var: str) -> int | None:
-    """m when `condition` is a comparison chain that requires `var < m` (m an integer constant)."""
-    if not isinstance(condition, Compare):
-        return None
+def _upper_bound(condition: Compare, var: str) -> int | None:
+    """m when the comparison chain `condition` requires `var < m` (m an integer constant)."""
     for (lhs, rhs), op in zip(zip(condition.operands, condition.operands[1:]), condition.ops):
         if op == "<" and lhs == Var(var) and isinstance(rhs, Const) and rhs.is_int:
             return rhs.value

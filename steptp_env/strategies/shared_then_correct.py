@@ -15,7 +15,7 @@ from ..ir.ast import (Access, And, BinOp, Call, Compare, Const, Equation, Expr, 
 from ..ir.printer import print_expr
 from ..ir.program import Program
 from .base import Action, Strategy, register
-from .graph_util import loops_with_extent, substitute
+from .graph_util import loops_with_extent, range_chains, substitute
 from .online_util import MINUS_INF, positional_renaming, rename_vars, single_equation
 from .util import fresh_loop_var, fresh_tensor, int_param, nest_at, quiet, writer_nests
 
@@ -56,13 +56,6 @@ def _pad(program: Program, name: str) -> _Pad | None:
         return None
     pad = _Pad(writers[0], nest, eq.lhs, rhs.args[0], rhs.args[1], rhs.args[2])
     return pad if all(pad.offset(d) is not None for d in range(eq.lhs.rank)) else None
-
-
-def _range_chain(cond: Expr, var: str) -> list[Compare]:
-    """The `lo<=v<hi` chains of a conjunction that mention loop variable `var`."""
-    if isinstance(cond, And):
-        return _range_chain(cond.lhs, var) + _range_chain(cond.rhs, var)
-    return [cond] if isinstance(cond, Compare) and var in free_vars(cond) else []
 
 
 def _widen(cond: Expr, chain: Compare | None, extra: int) -> Expr:
@@ -212,7 +205,7 @@ def _shared(program: Program, first, second, dim) -> _Shared:
     n, lo, hi, chain = shape[dim], 0, 0, None
     if pads is not None:
         var = pads[0].target.indices[dim].name
-        chains = _range_chain(pads[0].cond, var)
+        chains = range_chains(pads[0].cond, var)
         n, lo = program.tensors[pads[0].source.name].shape[dim], pads[0].offset(dim)
         hi = shape[dim] - n - lo
         chain = chains[0] if chains else None
