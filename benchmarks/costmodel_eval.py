@@ -1,12 +1,13 @@
 """Cost-model quality on held-out workload families, on a measured dataset collected over several runs.
 
-    PYTHONPATH=. python benchmarks/costmodel_eval.py [--per-workload 50] [--minutes M] [--workloads GLOB]
-        [--store PATH] [--threads 1] [--no-collect] [--export DIR] [--dataset DIR] [--save DIR] [--members 5]
-        [--faithfulness N]
+    PYTHONPATH=. python benchmarks/costmodel_eval.py [--per-workload 50] [--minutes M] [--workloads URI|GLOB ...]
+        [--preset small] [--max-steps 6] [--store PATH] [--threads 1] [--no-collect] [--export DIR]
+        [--dataset DIR] [--save DIR] [--members 5] [--faithfulness N] [--out NAME]
 
-1. Collection (resumable): `--per-workload` programs of every suite workload at `small` (the start program
-   and programs reached by seeded random walks of 1-6 actions) are measured at `--threads` into the store
-   (default benchmarks/results/costmodel_store.sqlite, outside git), workloads in a seeded random order so
+1. Collection (resumable): `--per-workload` programs of every suite workload at `--preset` (the start
+   program and programs reached by seeded random walks of 1 to `--max-steps` actions) are measured at
+   `--threads` into the store (default benchmarks/results/costmodel_store.sqlite for `small`,
+   costmodel_store_<preset>.sqlite for another preset; outside git), workloads in a seeded random order so
    that a run stopped by `--minutes` still spans the families; a rerun skips what is stored. Time it on a
    quiet machine: these runtimes are the labels.
 2. Evaluation: whole workload families are held out (`dataset.split_families`, 20%, seed 0); the model is
@@ -24,7 +25,8 @@
    alone (no store needed), which is how the figures are reproduced elsewhere.
 5. With --save DIR the model trained on every program is saved there (how the packaged default model is
    made), with the held-out figures in its metadata.
-Writes benchmarks/results/costmodel_eval.md and .json (a hand-written "## Notes" section is kept).
+Writes benchmarks/results/costmodel_eval.md and .json (costmodel_eval_<out>.* with `--out`; a hand-written
+"## Notes" section is kept).
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from steptp_env.costmodel import CostModel, a_peak_at_k, kendall_tau, p_rmse, pa
 from steptp_env.costmodel.dataset import collect, load_dataset, split_families
 from steptp_env.costmodel.export import export_dataset, load_exported
 from steptp_env.measure import Protocol, ResultStore
-from steptp_env.workloads import list_workloads
+from steptp_env.workloads import SPECS, list_workloads
 
 from results_file import write_keeping_notes
 
@@ -69,7 +71,7 @@ def pooled_baseline(train_obs, train_y, test_obs, members: int, seed: int = 0) -
     return np.exp(np.mean(logs, 0))
 
 
-def faithfulness(model: CostModel, uris: list[str], protocol: Protocol) -> dict:
+def faithfulness(model: CostModel, uris: list[str], protocol: Protocol, preset: str) -> dict:
     """Predicted against measured speedups of the model-mode agents' final programs (see the docstring)."""
     from scipy.stats import spearmanr
 
@@ -82,10 +84,10 @@ def faithfulness(model: CostModel, uris: list[str], protocol: Protocol) -> dict:
     model.frozen = True  # model mode shares it unchanged
     finals = []
     for uri in uris:
-        workload = get_workload(uri, "small")
+        workload = get_workload(uri, preset)
         for agent in ("greedy", "beam"):
             with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "s.sqlite") as store:
-                env = StepTPEnv(uri, "small", mode="model", store=store, model=model, protocol=protocol)
+                env = StepTPEnv(uri, preset, mode="model", store=store, model=model, protocol=protocol)
                 result = get_agent(agent)(env, 32, 0)
             best = Program.parse(result.best_leir, workload.program.signature)
             pair = measure_pair(workload.program, best, workload, "llvm", protocol)
@@ -131,8 +133,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-workload", type=int, default=50)
     parser.add_argument("--minutes", type=float, default=None, help="stop collecting after this long")
-    parser.add_argument("--workloads", default=None, help="glob of the suite workloads to collect")
-    parser.add_argument("--store", type=Path, default=RESULTS / "costmodel_store.sqlite")
+    parser.add_argument("--workloads", nargs="+", default=None, help="suite workloads to collect: exact URIs or "
+                        "globs (a plain string without wildcards matches as a substring unless it is a URI)")
+    parser.add_argument("--preset", default="small", help="workload sizes to collect and evaluate at")
+    parser.add_argument("--max-steps", type=int, default=6, help="longest random walk of a collected program")
+    parser.add_argument("--store", type=Path, default=None, help="result store (default: see the docstring)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--save", type=Path, default=None)
@@ -140,17 +145,24 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None, help="export the store as a parquet dataset here")
     parser.add_argument("--dataset", type=Path, default=None, help="evaluate on this exported dataset alone")
     parser.add_argument("--faithfulness", type=int, default=0, help="held-out workloads for the model-mode check")
+    parser.add_argument("--out", default="", help="suffix of the result files")
     args = parser.parse_args()
+    if args.store is None:
+        args.store = RESULTS / ("costmodel_store.sqlite" if args.preset == "small" else
+                                f"costmodel_store_{args.preset}.sqlite")
+    stem = "costmodel_eval" + (f"_{args.out}" if args.out else "")
     start = time.time()
     protocol = Protocol(threads=args.threads)
-    order = list_workloads(args.workloads)
+    order = list_workloads() if args.workloads is None else sorted(
+        {uri for item in args.workloads for uri in ([item] if item in SPECS else list_workloads(item))})
     random.Random(0).shuffle(order)
     new, spread, load_low, load_high = 0, None, None, None
     if args.dataset is None:
         with ResultStore(args.store) as store:
             if not args.no_collect:
                 deadline = None if args.minutes is None else start + 60 * args.minutes
-                new = collect(store, order, args.per_workload, protocol=protocol, deadline=deadline,
+                new = collect(store, order, args.per_workload, args.preset, protocol=protocol, deadline=deadline,
+                              max_steps=args.max_steps,
                               progress=lambda uri, n: print(f"{n} measured ({uri})", flush=True) if n % 50 == 0
                               else None)
             if args.export is not None:
@@ -178,23 +190,24 @@ def main() -> None:
         ablation.fit([only(feats[i].rows, kind) for i in train_ix], y[train_ix], [groups[i] for i in train_ix])
         results[f"ablation: {name}"] = scores(ablation.predict([only(feats[i].rows, kind) for i in test_ix])[0],
                                               y[test_ix], test_groups)
-    faithful = faithfulness(model, test_uris[:args.faithfulness], protocol) if args.faithfulness else None
+    faithful = faithfulness(model, test_uris[:args.faithfulness], protocol, args.preset) if args.faithfulness else None
     if args.save:
         packaged = CostModel(members=args.members, seed=0).fit([f.rows for f in feats], y, groups)
-        packaged.meta.update(version=__version__, protocol=protocol.key, preset="small",
+        packaged.meta.update(version=__version__, protocol=protocol.key, preset=args.preset,
                              trained_on=f"{len(y)} measured programs of {len(uris)} suite workloads",
                              held_out=results["rows (this design)"])
         packaged.save(args.save)
     sizes = collections.Counter(test_groups)
-    summary = {"programs": len(y), "workloads": len(uris), "new": new, "train_workloads": len(train_uris),
-               "test_workloads": test_uris, "test_programs": len(test_ix), "protocol": protocol.key,
+    summary = {"programs": len(y), "preset": args.preset, "workloads": len(uris), "new": new,
+               "train_workloads": len(train_uris), "test_workloads": test_uris, "test_programs": len(test_ix),
+               "protocol": protocol.key,
                "collect_s": round(collected - start), "total_s": round(time.time() - start),
                "label_iqr": spread, "label_load": [load_low, load_high], "results": results,
                "faithfulness": faithful, "load_at_end": os.getloadavg()[0]}
-    (RESULTS / "costmodel_eval.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = ["# Cost model on held-out workload families", "",
              f"Written by `benchmarks/costmodel_eval.py`. {len(y)} measured programs of {len(uris)} workloads at "
-             f"`small` (from {args.dataset or args.store}; {new} new this run, {collected - start:.0f} s of "
+             f"`{args.preset}` (from {args.dataset or args.store}; {new} new this run, {collected - start:.0f} s of "
              f"collection; protocol {protocol.key}); trained on {len(train_uris)} workloads, evaluated on "
              f"{len(test_uris)} workloads of held-out families ({len(test_ix)} programs, {min(sizes.values())} "
              f"to {max(sizes.values())} per workload). "
@@ -209,11 +222,11 @@ def main() -> None:
     if faithful is not None:
         lines += ["", f"Model-mode faithfulness: Spearman {fmt(faithful['spearman'])} between predicted and measured "
                   f"speedups of {len(faithful['finals'])} final programs (greedy and beam, 32 predictions, on "
-                  f"{args.faithfulness} held-out workloads; the finals are in costmodel_eval.json)."]
+                  f"{args.faithfulness} held-out workloads; the finals are in {stem}.json)."]
     lines += ["", "Targets (issue 19): pairwise accuracy >= 0.85, a-peak@5 >= 0.95, Kendall tau >= 0.6; "
               "Spearman >= 0.8 for the faithfulness check.", "",
               "Held-out workloads: " + ", ".join(test_uris) + "."]
-    write_keeping_notes(RESULTS / "costmodel_eval.md", "\n".join(lines), NOTES)
+    write_keeping_notes(RESULTS / f"{stem}.md", "\n".join(lines), NOTES)
     print("\n".join(lines))
 
 

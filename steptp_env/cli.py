@@ -205,7 +205,8 @@ def cache_prune(failed: bool = typer.Option(True, help="delete records of failed
 def costmodel_train(out: Path = typer.Argument(..., help="directory to save the model in"),
                     store: Optional[Path] = typer.Option(None, help=STORE_HELP),
                     measure_per_workload: int = typer.Option(0, help="first measure this many programs of every "
-                                                             "suite workload at `small` into the store"),
+                                                             "suite workload at --preset into the store"),
+                    preset: str = typer.Option("small", help="workload sizes of the programs measured first"),
                     members: int = typer.Option(5, help="ensemble members (the spread gives the uncertainty)"),
                     seed: int = typer.Option(0)) -> None:
     """Train on the store's measurements (of this machine) and save the model."""
@@ -215,7 +216,7 @@ def costmodel_train(out: Path = typer.Argument(..., help="directory to save the 
 
     with ResultStore(store) as db:
         if measure_per_workload:
-            collect(db, list_workloads(), measure_per_workload, seed=seed)
+            collect(db, list_workloads(), measure_per_workload, preset, seed=seed)
         try:
             model = train(db, members=members, seed=seed)
         except ValueError as exc:

@@ -148,7 +148,11 @@ def test_collect_train_export_and_the_cli_on_a_real_store(tmp_path):
         assert any(f.rows.shape[1] == ROW_WIDTH for f in found)
         model = train(store, members=1)
         assert model.fitted_on == 8 and model.meta["workloads"] == 2
+        assert model.meta["protocol"] == Protocol(threads=1, repeat=2).key  # what the env checks threads against
         assert export_dataset(store, tmp_path / "export") == 7  # the v1 record is not exported
+        collect(store, uris[:1], 1, preset="tiny", protocol=Protocol(threads=1, repeat=3))
+        with pytest.raises(ValueError, match="timings of 2 protocols"):
+            train(store, members=1)  # runtimes of two protocols are not one quantity
     card = (tmp_path / "export" / "README.md").read_text()
     assert "7 LEIR programs of 2 " in card and '"threads": 1' in card
     again, y_again, groups_again = load_exported(tmp_path / "export")

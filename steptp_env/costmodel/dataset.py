@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ..frontend.workload import Workload
 from ..ir.program import Program
 from ..measure import Protocol, ResultStore, measure, record_key
 from ..measure.context import context
@@ -60,19 +61,26 @@ def collect(store: ResultStore, uris: Iterable[str], per_workload: int, preset: 
     for uri in uris:
         wl = get_workload(uri, preset=preset)
         store.add_workload(uri, wl.program, preset)
-        where = context(wl)
         for program in random_programs(wl.program, per_workload, max_steps, seed):
             if deadline is not None and time.time() > deadline:
                 return written
-            key = record_key(program, "llvm", protocol.key, where)
-            if store.get(key) is not None:
-                continue
-            m = measure(program, wl, "llvm", protocol)
-            store.put(key, m.to_dict(), uri, features(program).to_json() if m.ok else None, where)
-            written += 1
-            if progress:
-                progress(uri, written)
+            if measure_into(store, uri, program, wl, protocol):
+                written += 1
+                if progress:
+                    progress(uri, written)
     return written
+
+
+def measure_into(store: ResultStore, uri: str, program: Program, workload: Workload, protocol: Protocol) -> bool:
+    """Measure `program` of `workload` (stored under `uri`, which `add_workload` should know) into `store`
+    with its features, unless a record of it under this protocol is there already; whether it measured."""
+    where = context(workload)
+    key = record_key(program, "llvm", protocol.key, where)
+    if store.get(key) is not None:
+        return False
+    m = measure(program, workload, "llvm", protocol)
+    store.put(key, m.to_dict(), uri, features(program).to_json() if m.ok else None, where)
+    return True
 
 
 def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[list[Features], np.ndarray,
@@ -115,9 +123,20 @@ def split_families(uris: list[str], test_fraction: float, seed: int) -> tuple[li
 
 
 def train(store: ResultStore, uris: Iterable[str] | None = None, members: int = 5, seed: int = 0) -> CostModel:
+    """A model of the store's successful records (of `uris`), with the protocol they were timed under in its
+    metadata (the environment refuses a model for another thread count). A store whose records were timed
+    under several protocols is refused: their runtimes are not one quantity."""
+    uris = None if uris is None else list(uris)
+    wanted = None if uris is None else set(uris)
+    protocols = {Protocol(**r["measurement"]["protocol"]).key for r in store.records(ok_only=True)
+                 if r["workload"] is not None and (wanted is None or r["workload"] in wanted)}
+    if len(protocols) > 1:
+        raise ValueError(f"the store {store.path} holds timings of {len(protocols)} protocols "
+                         f"({', '.join(sorted(protocols))}); train on a store of one")
     programs, y, groups = load_dataset(store, uris)
     if len(y) < 2:
         raise ValueError(f"the store {store.path} has {len(y)} usable records; measure some first")
     model = CostModel(members=members, seed=seed).fit([p.rows for p in programs], y, groups)
-    model.meta.update(workloads=len(set(groups)), feature_version=FEATURE_VERSION)
+    model.meta.update(workloads=len(set(groups)), feature_version=FEATURE_VERSION, protocol=protocols.pop(),
+                      trained_on=f"{len(y)} measured programs of {len(set(groups))} workloads")
     return model
