@@ -2,14 +2,16 @@
 
     PYTHONPATH=. python benchmarks/costmodel_eval.py [--per-workload 50] [--minutes M] [--workloads URI|GLOB ...]
         [--preset small] [--max-steps 6] [--store PATH] [--threads 1] [--no-collect] [--export DIR]
-        [--dataset DIR] [--save DIR] [--members 5] [--faithfulness N] [--out NAME]
+        [--dataset DIR] [--save DIR] [--members 5] [--faithfulness N] [--records FILE] [--out NAME]
 
 1. Collection (resumable): `--per-workload` programs of every suite workload at `--preset` (the start
    program and programs reached by seeded random walks of 1 to `--max-steps` actions) are measured at
    `--threads` into the store (default benchmarks/results/costmodel_store.sqlite for `small`,
    costmodel_store_<preset>.sqlite for another preset; outside git), workloads in a seeded random order so
    that a run stopped by `--minutes` still spans the families; a rerun skips what is stored. Time it on a
-   quiet machine: these runtimes are the labels.
+   quiet machine: these runtimes are the labels. `--records FILE.jsonl.gz` carries the collection between
+   machines that do not last: imported into the store first, written back (without features, which are
+   computed again from the programs) after; it is small enough for git (benchmarks/data/).
 2. Evaluation: whole workload families are held out (`dataset.split_families`, 20%, seed 0); the model is
    trained on the rest and scored on the held-out programs: pairwise accuracy over pairs more than 5%
    apart, a-peak@1 and @5, a-peak@32 only over workloads with at least 100 programs, Kendall tau, p-rmse.
@@ -145,6 +147,8 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None, help="export the store as a parquet dataset here")
     parser.add_argument("--dataset", type=Path, default=None, help="evaluate on this exported dataset alone")
     parser.add_argument("--faithfulness", type=int, default=0, help="held-out workloads for the model-mode check")
+    parser.add_argument("--records", type=Path, default=None, help="a lean copy of the store (JSON lines, "
+                        ".gz) imported before collecting and rewritten after: commit it to go on elsewhere")
     parser.add_argument("--out", default="", help="suffix of the result files")
     args = parser.parse_args()
     if args.store is None:
@@ -159,12 +163,16 @@ def main() -> None:
     new, spread, load_low, load_high = 0, None, None, None
     if args.dataset is None:
         with ResultStore(args.store) as store:
+            if args.records is not None and args.records.exists():
+                print(f"imported {store.import_records(args.records)} records from {args.records}", flush=True)
             if not args.no_collect:
                 deadline = None if args.minutes is None else start + 60 * args.minutes
                 new = collect(store, order, args.per_workload, args.preset, protocol=protocol, deadline=deadline,
                               max_steps=args.max_steps,
                               progress=lambda uri, n: print(f"{n} measured ({uri})", flush=True) if n % 50 == 0
                               else None)
+            if args.records is not None:
+                print(f"kept {store.export(args.records, features=False)} records in {args.records}")
             if args.export is not None:
                 print(f"exported {export_dataset(store, args.export)} programs to {args.export}")
             feats, y, groups = load_dataset(store)

@@ -180,13 +180,27 @@ def cache_stats(store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> 
 
 
 @cache_app.command("export")
-def cache_export(out: Path = typer.Argument(..., help="JSON lines file to write"),
-                 store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> None:
-    """Write every record as one JSON line."""
+def cache_export(out: Path = typer.Argument(..., help="JSON lines file to write (gzip-compressed if it ends .gz)"),
+                 store: Optional[Path] = typer.Option(None, help=STORE_HELP),
+                 features: bool = typer.Option(True, help="keep the cost-model features (--no-features: a tenth "
+                                               "of the size; they are computed again when needed)")) -> None:
+    """Write the workloads and every record (with its measurement context) as JSON lines."""
     from .measure import ResultStore
 
     with ResultStore(store) as db:
-        console.print(f"wrote {db.export(out)} records to {out}")
+        console.print(f"wrote {db.export(out, features=features)} records to {out}")
+
+
+@cache_app.command("import")
+def cache_import(source: Path = typer.Argument(..., help="a file `steptp cache export` wrote"),
+                 store: Optional[Path] = typer.Option(None, help=STORE_HELP)) -> None:
+    """Add an export's workloads and records to the store (records already there are kept as they are)."""
+    from .measure import ResultStore
+
+    if not source.exists():
+        _fail(FileNotFoundError(f"no export at {source}"))
+    with ResultStore(store) as db:
+        console.print(f"imported {db.import_records(source)} new records from {source}")
 
 
 @cache_app.command("prune")

@@ -55,6 +55,13 @@ def test_cache_commands(tmp_path):
     assert stats.exit_code == 0 and "2 records (1 ok, 1 failed)" in stats.stdout and "level1/a" in stats.stdout
     exported = runner.invoke(app, ["cache", "export", str(tmp_path / "o.jsonl"), "--store", str(path)])
     assert exported.exit_code == 0 and len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
+    lean = runner.invoke(app, ["cache", "export", str(tmp_path / "o.jsonl.gz"), "--store", str(path), "--no-features"])
+    assert lean.exit_code == 0 and "wrote 2 records" in lean.stdout
+    other = str(tmp_path / "t.sqlite")
+    imported = runner.invoke(app, ["cache", "import", str(tmp_path / "o.jsonl.gz"), "--store", other])
+    assert imported.exit_code == 0 and "imported 2 new records" in imported.stdout
+    missing = runner.invoke(app, ["cache", "import", str(tmp_path / "none.jsonl"), "--store", other])
+    assert missing.exit_code != 0 and "no export at" in missing.stdout
     pruned = runner.invoke(app, ["cache", "prune", "--store", str(path)])
     assert pruned.exit_code == 0 and "removed 1 records" in pruned.stdout
 

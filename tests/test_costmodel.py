@@ -129,7 +129,7 @@ def test_the_packaged_model_loads_names_its_hardware_and_predicts():
 def test_collect_train_export_and_the_cli_on_a_real_store(tmp_path):
     """Measured programs go into a store with their features, train a model, export as parquet with a card
     and load back to the same data; a record of the previous feature version is recomputed from its
-    program; `steptp costmodel export|eval` run on the store."""
+    program, in training and in the export; `steptp costmodel export|eval` run on the store."""
     from typer.testing import CliRunner
 
     from steptp_env.cli import app
@@ -149,14 +149,17 @@ def test_collect_train_export_and_the_cli_on_a_real_store(tmp_path):
         model = train(store, members=1)
         assert model.fitted_on == 8 and model.meta["workloads"] == 2
         assert model.meta["protocol"] == Protocol(threads=1, repeat=2).key  # what the env checks threads against
-        assert export_dataset(store, tmp_path / "export") == 7  # the v1 record is not exported
+        assert export_dataset(store, tmp_path / "export") == 8  # the v1 record's features computed again
         collect(store, uris[:1], 1, preset="tiny", protocol=Protocol(threads=1, repeat=3))
         with pytest.raises(ValueError, match="timings of 2 protocols"):
             train(store, members=1)  # runtimes of two protocols are not one quantity
+        store.put("timed-again", dict(first["measurement"], median_s=1.0), first["workload"], None, "newer code")
+        found, y_all, _ = load_dataset(store)  # 8 programs + 1 of the second protocol; the retimed one once
+        assert len(found) == 9 and 1.0 in y_all and first["measurement"]["median_s"] not in y_all
     card = (tmp_path / "export" / "README.md").read_text()
-    assert "7 LEIR programs of 2 " in card and '"threads": 1' in card
+    assert "8 LEIR programs of 2 " in card and '"threads": 1' in card and "(preset `tiny`)" in card
     again, y_again, groups_again = load_exported(tmp_path / "export")
-    assert len(again) == 7 and set(groups_again) == set(uris)
+    assert len(again) == 8 and set(groups_again) == set(uris)
     assert np.isin(y_again, y).all()
     train_uris, test_uris = split_families(uris, 0.5, seed=0)
     assert len(test_uris) == 1 and set(train_uris) | set(test_uris) == set(uris)

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 from steptp_env import Program
+from steptp_env.measure import Protocol
 from steptp_env.measure.store import ResultStore, record_key
 
 SIG = [{"name": "A", "shape": [8], "dtype": "float32"}, {"name": "C", "shape": [8], "dtype": "float32",
@@ -35,6 +36,28 @@ def test_put_get_stats_export_prune(tmp_path):
         assert store.export(tmp_path / "out.jsonl") == 3
         assert json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])["key"] == "k1"
         assert store.prune(failed=True) == 1 and len(store) == 2
+
+
+def test_export_and_import_move_workloads_records_and_contexts(tmp_path):
+    """A store moves between machines (or sessions) as JSON lines: workloads, records with their contexts;
+    without features it is smaller; an import keeps what the store holds and counts only new records."""
+    program = Program.parse("L^{8}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}*2;];", SIG)
+    with ResultStore(tmp_path / "a.sqlite") as store:
+        store.add_workload("level1/x", program, "tiny")
+        store.put("k1", fake(1), "level1/x", features={"big": [0.5] * 400}, context="ctx1")
+        store.put("k2", fake(2, error="build failed"), "level1/x", context="ctx1")
+        assert store.export(tmp_path / "full.jsonl") == 2 and store.export(tmp_path / "lean.jsonl.gz", False) == 2
+    assert (tmp_path / "lean.jsonl.gz").stat().st_size < (tmp_path / "full.jsonl").stat().st_size / 4
+    with ResultStore(tmp_path / "b.sqlite") as other:
+        other.put("k2", fake(7), "level1/x")  # already here: kept as it is
+        assert other.import_records(tmp_path / "lean.jsonl.gz") == 1
+        assert other.import_records(tmp_path / "lean.jsonl.gz") == 0
+        assert other.signature("level1/x") == program.signature.to_json() and other.preset("level1/x") == "tiny"
+        assert other.get("k1")["measurement"] == fake(1) and other.get("k1")["features"] is None
+        assert other.find("level1/x", "prog1", "llvm", Protocol(threads=1).key, "ctx1")["key"] == "k1"
+        assert other.get("k2")["measurement"]["median_s"] == 7e-3
+    with ResultStore(tmp_path / "c.sqlite") as full:
+        assert full.import_records(tmp_path / "full.jsonl") == 2 and full.get("k1")["features"] == {"big": [0.5] * 400}
 
 
 def test_programs_lowering_to_the_same_module_share_a_key():

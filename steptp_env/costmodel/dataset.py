@@ -2,6 +2,7 @@
 kept in the result store with their features."""
 from __future__ import annotations
 
+import json
 import random
 import time
 from typing import Callable, Iterable
@@ -86,24 +87,38 @@ def measure_into(store: ResultStore, uri: str, program: Program, workload: Workl
 def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[list[Features], np.ndarray,
                                                                                  list[str]]:
     """(each program's features, runtimes in seconds, workload per program) of the store's
-    successful records; features stored by another feature version are computed again from the record's
-    program and its workload's stored signature (records of an unknown workload are left out)."""
+    successful records; missing features, or features of another version, are computed again
+    (`record_features`; records of an unknown workload are left out). A program timed again under another
+    measurement context (newer code, an imported collection) counts once, with its latest timing."""
     wanted = None if uris is None else set(uris)
-    found_features, y, groups = [], [], []
+    latest: dict[tuple, dict] = {}
     for record in store.records(ok_only=True):
+        uri, m = record["workload"], record["measurement"]
+        if uri is not None and (wanted is None or uri in wanted):
+            latest[uri, m["leir"], m["target"], json.dumps(m["protocol"], sort_keys=True)] = record
+    found_features, y, groups = [], [], []
+    for record in latest.values():
         uri = record["workload"]
-        if uri is None or (wanted is not None and uri not in wanted):
-            continue
-        found = Features.from_json(record["features"])
+        found = record_features(store, record)
         if found is None:
-            signature = store.signature(uri)
-            if signature is None:
-                continue
-            found = features(Program.parse(record["measurement"]["leir"], signature), record["measurement"]["target"])
+            continue
         found_features.append(found)
         y.append(record["measurement"]["median_s"])
         groups.append(uri)
     return found_features, np.asarray(y, np.float64), groups
+
+
+def record_features(store: ResultStore, record: dict) -> Features | None:
+    """A store record's cost-model features: as stored, or computed again from its program and its
+    workload's stored signature where they are of another feature version or were left out of an export
+    (`ResultStore.export(features=False)`); None for a record of a workload the store does not know."""
+    found = Features.from_json(record["features"])
+    if found is not None:
+        return found
+    signature = store.signature(record["workload"]) if record["workload"] is not None else None
+    if signature is None:
+        return None
+    return features(Program.parse(record["measurement"]["leir"], signature), record["measurement"]["target"])
 
 
 def split_workloads(uris: list[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:

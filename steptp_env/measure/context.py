@@ -60,8 +60,18 @@ def _versions() -> dict[str, str]:
     from ..lower import LOWERING_VERSION
 
     return {"steptp_env": __version__, "lowering": LOWERING_VERSION, "verifier": VERIFIER_VERSION,
-            "tvm": tvm.__version__, "llvm": str(tvm.support.libinfo().get("LLVM_VERSION", "unknown")),
+            "tvm": tvm.__version__, "llvm": _llvm_version(tvm),
             "torch": torch.__version__, "numpy": numpy.__version__, "machine": machine_fingerprint()}
+
+
+def _llvm_version(tvm) -> str:
+    """The LLVM TVM was built with: the full version where libinfo has it (source builds), else the major
+    version TVM's codegen reports (the PyPI wheels record only USE_LLVM)."""
+    full = tvm.support.libinfo().get("LLVM_VERSION")
+    if full:
+        return str(full)
+    major = tvm.get_global_func("target.llvm_version_major", allow_missing=True)
+    return f"{major()}.x" if major is not None else "unknown"
 
 
 def context(workload) -> str:

@@ -3,20 +3,22 @@
 The key is a hash of the lowered module's structure plus the target, the protocol and the measurement
 context (`measure.context`: code versions, machine, the workload's reference digest), so two programs that
 lower to the same TIR share one record, and a record made by other code, on another machine or for another
-workload is never reused. Records written before the context existed have none and are never found. SQLite in WAL mode lets several processes read while one
-writes; each record is written in its own transaction, so a writer killed mid-way leaves either the
-whole record or nothing.
+workload is never reused. Records written before the context existed have none and are never found.
+SQLite in WAL mode lets several processes read while one writes; each record is written in its own
+transaction, so a writer killed mid-way leaves either the whole record or nothing. `export` and
+`import_records` move a store's contents as JSON lines.
 """
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from ..ir.program import Program
 
@@ -49,6 +51,11 @@ def record_key(program: Program, target: str, protocol_key: str, context: str = 
 
     structure = tvm_ffi.structural_hash(lower(program, target))
     return hashlib.sha256(f"{structure}|{target}|{protocol_key}|{context}".encode()).hexdigest()[:32]
+
+
+def _open_text(path: Path | str, mode: str) -> IO[str]:
+    """A text file, gzip-compressed where the name ends in .gz."""
+    return gzip.open(path, mode + "t") if str(path).endswith(".gz") else open(path, mode)
 
 
 def _protocol_key(protocol: dict[str, Any]) -> str:
@@ -136,6 +143,11 @@ class ResultStore:
         row = self._conn.execute("SELECT signature FROM workloads WHERE uri = ?", (uri,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    def preset(self, uri: str) -> str | None:
+        """The preset a workload was stored with by `add_workload` (None where unknown or not given)."""
+        row = self._conn.execute("SELECT preset FROM workloads WHERE uri = ?", (uri,)).fetchone()
+        return None if row is None else row[0]
+
     def get_candidates(self, key: str) -> str | None:
         """The candidate list stored under `key` by `put_candidates`, or None."""
         row = self._conn.execute("SELECT groups FROM candidates WHERE key = ?", (key,)).fetchone()
@@ -191,14 +203,50 @@ class ResultStore:
                 "workloads": workloads, "bytes": self.path.stat().st_size if self.path.exists() else 0,
                 "per_workload": dict(per_workload)}
 
-    def export(self, path: Path | str) -> int:
-        """Write every record as one JSON line; returns the count."""
+    def export(self, path: Path | str, features: bool = True) -> int:
+        """Write the workloads, then every record with the context it was measured in, one JSON object a
+        line (gzip-compressed where `path` ends in .gz); returns the record count. `features=False` leaves
+        the cost-model features out, a tenth of the size (`costmodel.dataset.load_dataset` computes them
+        again from the program and its workload's signature): the form in which a collection moves between
+        machines, or is kept in git between sessions on machines that do not last (`import_records`)."""
         count = 0
-        with open(path, "w") as f:
-            for record in self.records():
+        with _open_text(path, "w") as f:
+            for uri, preset, leir, signature in self._conn.execute(
+                    "SELECT uri, preset, leir, signature FROM workloads ORDER BY rowid"):
+                f.write(json.dumps({"uri": uri, "preset": preset, "leir": leir, "signature": json.loads(signature)},
+                                   sort_keys=True) + "\n")
+            for row in self._conn.execute("SELECT key, workload, measurement, features, context FROM records "
+                                          "ORDER BY rowid"):
+                record = dict(self._record(row[:4]), context=row[4])
+                if not features:
+                    record["features"] = None
                 f.write(json.dumps(record, sort_keys=True) + "\n")
                 count += 1
         return count
+
+    def import_records(self, path: Path | str) -> int:
+        """Add what `export` wrote: its workloads where this store has none of that URI, and its records
+        where none is stored under the key (a record here is never replaced); returns how many records
+        were new. The keys hold the measurement context, so records of other code or another machine are
+        kept but never found by a lookup made here."""
+        new = 0
+        with _open_text(path, "r") as f, self._transaction():
+            for line in f:
+                item = json.loads(line)
+                if "key" not in item:
+                    self._conn.execute("INSERT OR IGNORE INTO workloads VALUES (?, ?, ?, ?, ?)",
+                                       (item["uri"], item["preset"], item["leir"], json.dumps(item["signature"]),
+                                        time.time()))
+                    continue
+                m, features = item["measurement"], item.get("features")
+                cursor = self._conn.execute(
+                    "INSERT OR IGNORE INTO records (key, workload, leir, target, protocol, median_s, error, "
+                    "measurement, features, created, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (item["key"], item["workload"], m["leir"], m["target"], json.dumps(m["protocol"], sort_keys=True),
+                     m.get("median_s"), m.get("error"), json.dumps(m, sort_keys=True),
+                     None if features is None else json.dumps(features), time.time(), item.get("context")))
+                new += cursor.rowcount
+        return new
 
     def prune(self, failed: bool = True, older_than_s: float | None = None) -> int:
         """Delete failed records and/or records older than `older_than_s`; returns how many."""
