@@ -86,7 +86,7 @@ def _vector_pass(program: Program) -> Action | None:
     vectors, then vectorise the inner part."""
     for n in range(len(program.nests)):
         eq = _plain(program, n)
-        inner = program.nests[n].loops[-1] if eq is not None else None
+        inner = program.nests[n].loops[-1] if eq is not None and program.nests[n].loops else None  # a scalar
         if inner is None or reduction(program.nests[n].loops, eq) is not None or inner.extent % LANES \
                 or not _walks_row(eq, inner.var):
             continue

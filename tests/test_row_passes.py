@@ -29,6 +29,16 @@ def test_softmax_chain_is_on_the_menu_and_equivalent():
     assert verify(end, program, trials=2).equivalent
 
 
+def test_a_scalar_nest_between_row_passes_is_passed_over():
+    """frobenius_norm's sqrt of the sum is a nest without loops (the leaderboard's focus run raised there)."""
+    program = get_workload("level1/frobenius_norm", "tiny").program
+    assert any(not nest.loops for nest in program.nests)
+    end = program
+    for action in row_pass_chain(program):
+        end = apply_action(end, action)
+    assert end is not program and verify(end, program, trials=2).equivalent
+
+
 def test_contractions_are_left_to_the_tiles():
     assert row_pass_chain(get_workload("level1/matmul_square", "small").program) == []
     mha = get_workload("level2/mha", "tiny").program
