@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from steptp_env.data.prompts import SYSTEM_PROMPT, action_prompt, step_prompt
+from steptp_env.data.prompts import SYSTEM_PROMPT, action_prompt, candidate_menu, step_prompt
 from steptp_env.env import StepTPEnv
 from steptp_env.env.answer import read_proposal
 from steptp_env.errors import StepTPError
@@ -62,7 +62,10 @@ def load_transformers(model: str | Path | None = None):
     if path.suffix == ".gguf":
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        plain = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):  # else a saved checkpoint reads as quantized: TRL refuses it
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         plain.load_state_dict(loaded.state_dict())
         loaded = plain
     elif path.is_dir():
@@ -132,9 +135,10 @@ def backend_for(model: str | Path | None) -> Backend:
 class LLMPolicy:
     """Prompts a backend for the current program and turns its completions into environment moves.
 
-    `candidates` caps the candidate list shown in the `action` style's prompt (0: none; the model names an
-    action on its own). `proposals` completions are asked for per state: greedy decoding for one, sampling
-    at `temperature` for more (seeded by the state's depth, so a run is repeatable)."""
+    `candidates` caps the candidate list shown in the `action` style's prompt (`candidate_menu`:
+    strategies in turn; 0: none, the model names an action on its own). `proposals` completions are asked
+    for per state: greedy decoding for one, sampling at `temperature` for more (seeded by the state's depth,
+    so a run is repeatable)."""
 
     backend: Backend
     style: str = "action"
@@ -153,7 +157,7 @@ class LLMPolicy:
         if self.style == "ir":
             user = step_prompt(program, workload)
         else:
-            menu = env.candidate_texts()[:self.candidates] if self.candidates else None
+            menu = candidate_menu(env.candidate_texts(), self.candidates) if self.candidates else None
             user = action_prompt(program, workload, menu)
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from steptp_env.data.prompts import SYSTEM_PROMPT, action_prompt, step_prompt
+from steptp_env.data.prompts import SYSTEM_PROMPT, action_prompt, candidate_menu, step_prompt
 from steptp_env.env import StepTPEnv
 from steptp_env.strategies import apply_action, candidates
 
@@ -60,7 +60,8 @@ def prompt_states(workloads: list[str], options: GRPOOptions, count: int) -> lis
         if options.style == "ir":
             user = step_prompt(program, uri)
         else:
-            menu = [a.text for a in candidates(program)][:options.candidates] if options.candidates else None
+            texts = [a.text for a in candidates(program)]
+            menu = candidate_menu(texts, options.candidates) if options.candidates else None
             user = action_prompt(program, uri, menu)
         rows.append({"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
                      "workload": uri, "actions": actions})

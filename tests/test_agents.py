@@ -175,7 +175,8 @@ def test_a_search_run_exports_every_step_with_its_parent(tmp_path):
     assert len(steps) == len(result.trajectory) and any(s["parent"] > 0 for s in steps)
     reached = {0: reset["leir"], **{s["step"]: s["after"]["leir"] for s in steps if s["after"]}}
     assert all(s["before"]["leir"] == reached[s["parent"]] for s in steps)  # each step starts at its parent
-    rows, report = export_dataset([folder], tmp_path / "chat", config=FilterConfig(require_verified=False))
+    rows, report = export_dataset([folder], tmp_path / "chat",
+                                  config=FilterConfig(require_verified=False, min_speedup=None))
     assert report.total == len(steps) and report.kept == len(rows) > 0
     conversations, paths = export_dataset([folder], tmp_path / "episodes", ExportOptions("trajectory"),
                                           FilterConfig(require_verified=False))

@@ -23,6 +23,8 @@ from steptp_env.env import StepTPEnv
 WORKLOAD = "level2/gemm_relu_divide"
 EPISODE = ["operator_fusion(nest=1, scope=g)", "operator_fission(nest=1, at=1)", "bogus(x=1)",
            "loop_split(nest=0, loop=a, factor=2)", "loop_reorder(nest=0, order=[f,c,a,d])"]
+ANY_SPEED = FilterConfig(min_speedup=None)
+"""The recordings here are in model mode (predicted runtimes): rows from them need the speed filter off."""
 ONE_STEP = ["operator_fusion(nest=1, scope=g)", "compute_inline(nest=2, consumer=3)",
             "loop_split(nest=0, loop=a, factor=2)"]
 
@@ -76,7 +78,7 @@ def test_partial_line_is_dropped(tmp_path):
 def test_filters_drop_with_reasons(recorded):
     folder, _ = recorded
     _, steps = load_steps([folder / "episode.jsonl"])
-    kept, report = filter_steps(steps)
+    kept, report = filter_steps(steps, ANY_SPEED)
     assert report.dropped == {"error": 1, "undo": 1} and report.kept == 3
     assert {s["strategy"] for s in kept} == {"operator_fusion", "loop_split", "loop_reorder"}
     noop = dict(steps[0], after=steps[0]["before"])
@@ -85,11 +87,67 @@ def test_filters_drop_with_reasons(recorded):
     assert filter_steps([failed])[1].dropped == {"verification failed": 1}
     unverified = dict(steps[0], verify=None)
     assert filter_steps([unverified])[1].dropped == {"not verified": 1}
-    assert filter_steps([unverified], FilterConfig(require_verified=False))[1].kept == 1
-    capped, report = filter_steps(steps, FilterConfig(max_per_workload=2))
+    assert filter_steps([unverified], FilterConfig(require_verified=False, min_speedup=None))[1].kept == 1
+    capped, report = filter_steps(steps, FilterConfig(max_per_workload=2, min_speedup=None))
     assert len(capped) == 2 and report.dropped["workload cap"] == 1
     episodes, report = filter_episodes(steps)  # the undo cuts the episode after the fusion
     assert [len(e) for e in episodes] == [1] and report.dropped["after a dropped step"] == 3
+
+
+def _timed(step, before_s, after_s, before="measured", after="measured"):
+    return dict(step, runtime_before_s=before_s, runtime_after_s=after_s, source_before=before, source_after=after)
+
+
+def test_one_step_rows_only_for_steps_measured_faster(recorded, tmp_path):
+    """By default a one-step row needs both runtimes timed and before/after above the threshold; the rows
+    carry the runtimes, their source and the speedup; report.json states the threshold."""
+    folder, _ = recorded
+    _, steps = load_steps([folder / "one_step.jsonl"])
+    by_strategy = {s["strategy"]: s for s in steps}
+    fusion, inline, split = (by_strategy[n] for n in ("operator_fusion", "compute_inline", "loop_split"))
+    assert fusion["source_after"] == "predicted" and filter_steps([fusion])[1].dropped == {"not measured faster": 1}
+    timed = [_timed(fusion, 2e-3, 1e-3), _timed(inline, 1e-3, 1.25e-3), _timed(split, 3e-3, 2e-3, "stored")]
+    kept, report = filter_steps(timed)
+    assert {s["strategy"] for s in kept} == {fusion["strategy"], split["strategy"]}
+    assert report.dropped == {"not measured faster": 1}
+    assert [s["strategy"] for s in filter_steps(timed, FilterConfig(min_speedup=1.6))[0]] == [fusion["strategy"]]
+    (tmp_path / "runs").mkdir()
+    with JsonlWriter(tmp_path / "runs" / "timed.jsonl", {"config": {}}) as writer:
+        for step in timed:
+            writer.write(step)
+    rows, _ = export_dataset([tmp_path / "runs"], tmp_path / "out", parquet=False)
+    by_strategy = {r["strategies"][0]: r for r in rows}
+    assert by_strategy[fusion["strategy"]]["speedups"] == [2.0]
+    assert by_strategy[fusion["strategy"]]["runtime_sources"] == ["measured"]
+    assert by_strategy[split["strategy"]]["runtimes_before_s"] == [3e-3]
+    report_json = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report_json["filter"]["config"]["min_speedup"] == 1.0
+    assert report_json["filter"]["dropped"] == {"not measured faster": 1}
+    assert "measured faster than x1" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_action_style_rows_show_the_agents_menu(recorded, tmp_path):
+    """An action-style row asks with the prompt the LLM agent's `action` style builds (the candidate menu
+    included, the row's action first among its strategy's) and answers with the action text; it
+    re-validates by applying that action."""
+    from steptp_env.data.prompts import action_prompt, candidate_menu
+
+    folder, _ = recorded
+    options = ExportOptions(style="action")
+    rows, _ = export_dataset([folder / "one_step.jsonl"], tmp_path, options, ANY_SPEED, parquet=False)
+    assert rows and all(r["style"] == "action" for r in rows)
+    env = StepTPEnv(WORKLOAD, preset="tiny", mode="model", store=tmp_path / "store.sqlite")
+    env.reset(seed=0)
+    for row in rows:
+        menu = candidate_menu(env.candidate_texts(), options.menu, first=row["actions"][0])
+        assert row["messages"][0] == {"role": "user", "content": action_prompt(env.program, WORKLOAD, menu)}
+        assert row["messages"][-1]["content"].endswith(f"<answer>{row['actions'][0]}</answer>")
+    assert all(c.ok for c in validate_rows(rows))
+    bad = json.loads(json.dumps(rows[0]))
+    bad["messages"][-1]["content"] = bad["messages"][-1]["content"].replace(rows[0]["actions"][0], "loop_split(nest=9)")
+    assert not validate_rows([bad])[0].ok
+    with pytest.raises(ValueError, match="single-label"):
+        ExportOptions(kind="trajectory", style="action")
 
 
 def test_prompt_states_the_program(recorded):
@@ -103,8 +161,8 @@ def test_prompt_states_the_program(recorded):
 def test_export_is_byte_identical_and_validates(recorded, tmp_path, kind):
     folder, _ = recorded
     options = ExportOptions(kind=kind, system=kind == "trajectory")
-    rows, _ = export_dataset([folder], tmp_path / "a", options)
-    export_dataset([folder], tmp_path / "b", options)
+    rows, _ = export_dataset([folder], tmp_path / "a", options, ANY_SPEED)
+    export_dataset([folder], tmp_path / "b", options, ANY_SPEED)
     for name in ("data/train.jsonl", "data/train.parquet", "README.md", "report.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert rows and all(r["kind"] == kind for r in rows)
@@ -131,15 +189,15 @@ def test_same_actions_give_the_same_rows(recorded, tmp_path):
     again.close()
     for kind in ("steptp-chat-grounded", "trajectory"):
         options = ExportOptions(kind=kind)
-        export_dataset([folder / "one_step.jsonl"], tmp_path / "a" / kind, options, parquet=False)
-        export_dataset([tmp_path / "runs"], tmp_path / "b" / kind, options, parquet=False)
+        export_dataset([folder / "one_step.jsonl"], tmp_path / "a" / kind, options, ANY_SPEED, parquet=False)
+        export_dataset([tmp_path / "runs"], tmp_path / "b" / kind, options, ANY_SPEED, parquet=False)
         for name in ("data/train.jsonl", "README.md"):
             assert (tmp_path / "a" / kind / name).read_bytes() == (tmp_path / "b" / kind / name).read_bytes()
 
 
 def test_multi_label_rows(recorded, tmp_path):
     folder, _ = recorded
-    rows, _ = export_dataset([folder / "one_step.jsonl"], tmp_path, ExportOptions(labels=3), parquet=False)
+    rows, _ = export_dataset([folder / "one_step.jsonl"], tmp_path, ExportOptions(labels=3), ANY_SPEED, parquet=False)
     assert len(rows) == 1 and sorted(rows[0]["strategies"]) == ["compute_inline", "loop_split", "operator_fusion"]
     answer = rows[0]["messages"][-1]["content"]
     assert json.loads(answer.split("<answer>")[1].split("</answer>")[0])[0]["applied_strategy"]
@@ -148,7 +206,7 @@ def test_multi_label_rows(recorded, tmp_path):
 
 def test_validation_catches_a_wrong_label(recorded, tmp_path):
     folder, _ = recorded
-    rows, _ = export_dataset([folder / "one_step.jsonl"], tmp_path, parquet=False)
+    rows, _ = export_dataset([folder / "one_step.jsonl"], tmp_path, config=ANY_SPEED, parquet=False)
     row = json.loads(json.dumps(rows[0]))
     row["messages"][-1]["content"] = row["messages"][-1]["content"].replace(
         f'"applied_strategy": "{row["strategies"][0]}"', '"applied_strategy": "loop_tiling"')
@@ -164,7 +222,7 @@ def test_datasets_loads_every_export(recorded, tmp_path, monkeypatch):
     exports = {kind: ExportOptions(kind=kind) for kind in ("steptp-chat", "steptp-chat-grounded", "trajectory")}
     exports["multi-label"] = ExportOptions(labels=3)
     for name, options in exports.items():
-        rows, _ = export_dataset([folder], tmp_path / name, options)
+        rows, _ = export_dataset([folder], tmp_path / name, options, ANY_SPEED)
         assert rows, name
         data = tmp_path / name / "data"
         for builder, file in (("json", "train.jsonl"), ("parquet", "train.parquet")):
@@ -250,8 +308,31 @@ def tokenizer():
 @pytest.mark.parametrize("kind", ["steptp-chat", "trajectory"])
 def test_rows_pass_apply_chat_template(recorded, tokenizer, tmp_path, kind):
     folder, _ = recorded
-    rows, _ = export_dataset([folder], tmp_path, ExportOptions(kind=kind, system=True), parquet=False)
+    rows, _ = export_dataset([folder], tmp_path, ExportOptions(kind=kind, system=True), ANY_SPEED, parquet=False)
     for row in rows:
         text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
         assert row["messages"][-1]["content"] in text and text.count("<|im_start|>") == len(row["messages"])
         assert len(tokenizer(text)["input_ids"]) > 50
+
+
+def test_export_cli_speed_filter_and_style(recorded, tmp_path):
+    folder, _ = recorded
+    runner = CliRunner()
+    default = runner.invoke(app, ["export", str(folder / "one_step.jsonl"), "--out", str(tmp_path / "a")])
+    assert default.exit_code == 0 and "0 rows" in default.output and "not measured faster 3" in default.output
+    assert "--any-speed" in default.output
+    anyway = runner.invoke(app, ["export", str(folder / "one_step.jsonl"), "--out", str(tmp_path / "b"),
+                                 "--any-speed", "--style", "action", "--no-parquet"])
+    assert anyway.exit_code == 0 and "3 rows" in anyway.output, anyway.output
+    rows = [json.loads(line) for line in (tmp_path / "b" / "data" / "train.jsonl").read_text().splitlines()]
+    assert {r["style"] for r in rows} == {"action"}
+
+
+def test_candidate_menu_takes_strategies_in_turn():
+    from steptp_env.data.prompts import candidate_menu
+
+    texts = [f"loop_split(nest=0, loop=a, factor={f})" for f in (2, 4, 8)] + ["loop_fusion(nest=0)", "cancellation(nest=1)"]
+    assert candidate_menu(texts, 4) == [texts[0], texts[3], texts[4], texts[1]]
+    assert candidate_menu(texts, 64) == [texts[0], texts[3], texts[4], texts[1], texts[2]]
+    assert candidate_menu([], 8) == []
+    assert candidate_menu(texts, 2, first=texts[2]) == [texts[2], texts[3]]

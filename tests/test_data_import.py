@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from agents import replay
 from steptp_env.cli import app
 from steptp_env.data.dataset import export_dataset
+from steptp_env.data.filters import FilterConfig
 from steptp_env.data.importer import import_rows, parse_steptp_prompt, replay_target
 from steptp_env.env import StepTPEnv
 from steptp_env.strategies import canonical_text
@@ -60,7 +61,9 @@ def test_import_command_names_respellings_and_rows_export(sample, tmp_path):
     result = runner.invoke(app, ["import", str(rows), "--out", str(tmp_path / "imported.jsonl"), "--workers", "1"])
     assert result.exit_code == 0 and "row 1 (cancellation): cosmetic only" in result.output, result.output
     assert "verifying the rows of rows.jsonl: 1/1, " in result.output  # not a terminal: progress lines
-    export_dataset([tmp_path / "imported.jsonl"], tmp_path / "export", parquet=False)
+    # imported rows state no runtimes: only with the speed filter off
+    export_dataset([tmp_path / "imported.jsonl"], tmp_path / "export", config=FilterConfig(min_speedup=None),
+                   parquet=False)
     exported = tmp_path / "export" / "data" / "train.jsonl"
     result = runner.invoke(app, ["validate-rows", str(exported), "--workers", "1"])
     assert result.exit_code == 0 and "1/1 rows valid" in result.output, result.output

@@ -15,7 +15,7 @@ from llm_fixtures import tiny_chat_model  # noqa: E402
 from agents import get_agent  # noqa: E402
 from agents.llm import LLMPolicy, OpenAIBackend, TransformersBackend, backend_for, run  # noqa: E402
 from agents.llm_server import make_server  # noqa: E402
-from steptp_env.data.prompts import parse_prompt  # noqa: E402
+from steptp_env.data.prompts import candidate_menu, parse_prompt  # noqa: E402
 from steptp_env.env import StepTPEnv  # noqa: E402
 
 
@@ -55,8 +55,9 @@ def test_prompts_state_the_program_in_both_styles(tmp_path, tiny):
     env.reset(seed=0)
     action = LLMPolicy(tiny, style="action", candidates=5).messages(env)
     assert action[0]["role"] == "system" and parse_prompt(action[1]["content"]).leir == env.program.leir
-    assert all(text in action[1]["content"] for text in env.candidate_texts()[:5])
-    assert env.candidate_texts()[5] not in action[1]["content"]
+    menu = candidate_menu(env.candidate_texts(), 5)  # strategies in turn: not only loop_split's factors
+    assert len({text.split("(")[0] for text in menu}) == 5 and all(text in action[1]["content"] for text in menu)
+    assert all(text not in action[1]["content"] for text in env.candidate_texts() if text not in menu)
     ir = LLMPolicy(tiny, style="ir").messages(env)
     assert "transformed_IR" in ir[1]["content"] and parse_prompt(ir[1]["content"]).leir == env.program.leir
     with pytest.raises(ValueError, match="style"):

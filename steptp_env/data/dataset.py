@@ -24,13 +24,19 @@ from .records import load_steps
 
 COLUMNS = (("id", "string", "content hash of the row's transitions"),
            ("kind", "string", "steptp-chat, steptp-chat-grounded or trajectory"),
+           ("style", "string", "ir (the answer is the whole program) or action (the answer is an action text)"),
            ("messages", "list of {role, content}", "the conversation: [system], user, assistant, ..."),
            ("workload", "string", "suite URI (or steptp-ref/<model> for imported rows)"),
            ("preset", "string or null", "shape preset of the workload"),
            ("dtype", "string", "element type of the workload"),
            ("target", "string", "llvm or cuda"),
            ("strategies", "list of string", "the applied strategy of each answer"),
-           ("actions", "list of string", "the action text of each answer"))
+           ("actions", "list of string", "the action text of each answer"),
+           ("runtimes_before_s", "list of float or null", "runtime of the program before each answer"),
+           ("runtimes_after_s", "list of float or null", "runtime of the program after each answer"),
+           ("runtime_sources", "list of string or null", "measured (both runtimes timed on the machine) or "
+                                                           "predicted (either from the cost model)"),
+           ("speedups", "list of float or null", "before/after of each answer"))
 
 KIND_TEXT = {
     "steptp-chat": "One user turn with a LEIR program and its tensors, one assistant turn with reasoning and "
@@ -75,6 +81,15 @@ def _table(title: str, counts: Counter) -> str:
     return "\n".join(lines)
 
 
+def _speed_text(options: ExportOptions, config: FilterConfig) -> str:
+    if options.kind == "trajectory":
+        return "Conversations report every step's runtime, slowdowns included."
+    if config.min_speedup is None:
+        return "Rows were not filtered by speed: a row's step may be slower, predicted or untimed (see `speedups`)."
+    return (f"Each row's step was measured faster than x{config.min_speedup:g} (both runtimes timed on the machine; "
+            "see `speedups`).")
+
+
 def card(rows: list[dict[str, Any]], options: ExportOptions, report: FilterReport, headers: list[dict[str, Any]],
          parquet: bool) -> str:
     """The dataset card (README.md with the `datasets` YAML header)."""
@@ -92,7 +107,7 @@ def card(rows: list[dict[str, Any]], options: ExportOptions, report: FilterRepor
             f"# steptp_env rows: {options.kind}\n\n{KIND_TEXT[options.kind]}\n\n"
             f"{len(rows)} rows, {sum(strategies.values())} transformations, {len(workloads)} workloads. Every "
             "answer was verified numerically equivalent to the workload's reference before export "
-            "(`steptp export --validate` checks it again).\n\n"
+            "(`steptp export --validate` checks it again). " + _speed_text(options, report.config) + "\n\n"
             f"## Schema\n\n| column | type | meaning |\n|---|---|---|\n{schema}\n\n"
             f"## Transformations per strategy\n\n{_table('strategy', strategies)}\n\n"
             f"## Rows per workload\n\n{_table('workload', workloads)}\n\n"

@@ -8,7 +8,12 @@ Every row has the same columns, so one loader reads every kind:
   a multi-label row's answer is a JSON list of such objects (k different verified transformations of the
   same program); a conversation ends with `<answer>stop()</answer>`;
 - `workload`, `preset`, `dtype`, `target`: where the program comes from (what validation verifies against);
-- `strategies`, `actions`: the applied strategy and action text of each answer, in order.
+- `strategies`, `actions`: the applied strategy and action text of each answer, in order;
+- `runtimes_before_s`, `runtimes_after_s`, `runtime_sources`, `speedups`: per answer, in the same order, its
+  runtimes, where they came from (`measured` when both were timed on the machine, stored timings included,
+  `predicted` when either is the cost model's, None without runtimes) and before/after;
+- `style`: `ir` (Step-TP's answer, the whole transformed program) or `action` (the short action text, the
+  prompt listing the program's candidate actions as the LLM agent's `action` style shows them).
 
 Plain reasoning states the program's analysis facts, the chosen action and the strategy's own explanation
 of why it is legal and what it changes. Grounded reasoning adds the runtimes before and after (each
@@ -23,29 +28,40 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.program import Program
-from .filters import step_id
-from .prompts import (SYSTEM_PROMPT, answer_object, assistant_turn, episode_prompt, facts, facts_sentence,
-                      runtime_sentence, step_prompt, verify_sentence)
+from ..strategies import candidates
+from .filters import MEASURED, step_id
+from .prompts import (SYSTEM_PROMPT, action_prompt, answer_object, assistant_turn, candidate_menu, episode_prompt,
+                      facts, in_turn, facts_sentence, runtime_sentence, step_prompt, verify_sentence)
 
 KINDS = ("steptp-chat", "steptp-chat-grounded", "trajectory")
+STYLES = ("ir", "action")
 
 
 @dataclass(frozen=True)
 class ExportOptions:
     """`kind` of rows; `system`: start each conversation with our system turn; `labels`: with k > 1,
     chat rows are multi-label (programs with at least `min_labels` distinct verified transformations,
-    up to k of them, as many different strategies as there are)."""
+    up to k of them, as many different strategies as there are); `style`: the answer style of chat rows,
+    `action` with a menu of `menu` candidate actions as the LLM agent shows them (`candidate_menu`), the
+    step's action standing first among its strategy's candidates (a step whose strategy still misses the
+    menu, or whose action is not a candidate, gives no row)."""
 
     kind: str = "steptp-chat"
     system: bool = False
     labels: int = 1
     min_labels: int = 2
+    style: str = "ir"
+    menu: int = 64
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.labels < 1 or self.min_labels < 1:
             raise ValueError("labels and min_labels must be at least 1")
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.style == "action" and (self.kind == "trajectory" or self.labels > 1):
+            raise ValueError("the action style is for single-label chat rows")
 
 
 def _program(part: dict[str, Any]) -> Program:
@@ -75,11 +91,27 @@ def reasoning(step: dict[str, Any], grounded: bool, state_facts: bool = True) ->
     return " ".join(parts)
 
 
-def _row(kind: str, ident: str, messages: list[dict[str, str]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def _source(step: dict[str, Any]) -> str | None:
+    sources = {step.get("source_before"), step.get("source_after")}
+    if None in sources or not step.get("runtime_before_s") or not step.get("runtime_after_s"):
+        return None
+    return "measured" if sources <= set(MEASURED) else "predicted"
+
+
+def _speedup(step: dict[str, Any]) -> float | None:
+    before, after = step.get("runtime_before_s"), step.get("runtime_after_s")
+    return round(before / after, 6) if before and after else None
+
+
+def _row(kind: str, ident: str, messages: list[dict[str, str]], steps: list[dict[str, Any]],
+         style: str = "ir") -> dict[str, Any]:
     first = steps[0]
-    return {"id": ident, "kind": kind, "messages": messages, "workload": first["workload"],
+    return {"id": ident, "kind": kind, "style": style, "messages": messages, "workload": first["workload"],
             "preset": first.get("preset"), "dtype": first.get("dtype"), "target": first.get("target"),
-            "strategies": [s["strategy"] for s in steps], "actions": [s["action"] for s in steps]}
+            "strategies": [s["strategy"] for s in steps], "actions": [s["action"] for s in steps],
+            "runtimes_before_s": [s.get("runtime_before_s") for s in steps],
+            "runtimes_after_s": [s.get("runtime_after_s") for s in steps],
+            "runtime_sources": [_source(s) for s in steps], "speedups": [_speedup(s) for s in steps]}
 
 
 def _opening(options: ExportOptions, prompt: str) -> list[dict[str, str]]:
@@ -87,14 +119,23 @@ def _opening(options: ExportOptions, prompt: str) -> list[dict[str, str]]:
     return system + [{"role": "user", "content": prompt}]
 
 
-def chat_row(step: dict[str, Any], options: ExportOptions) -> dict[str, Any]:
-    """One single-label row."""
+def chat_row(step: dict[str, Any], options: ExportOptions) -> dict[str, Any] | None:
+    """One single-label row; None for an `action`-style row whose action is not on the prompt's menu."""
     before = _program(step["before"])
     think = reasoning(step, options.kind == "steptp-chat-grounded")
-    answer = answer_object(step["after"]["leir"], step["strategy"])
-    messages = _opening(options, step_prompt(before, step["workload"])) + [
-        {"role": "assistant", "content": assistant_turn(think, answer)}]
-    return _row(options.kind, step_id(step), messages, [step])
+    if options.style == "action":
+        texts = [a.text for a in candidates(before, step.get("target") or "llvm")]
+        menu = candidate_menu(texts, options.menu, first=step["action"]) or None
+        if menu is not None and step["action"] not in menu:
+            return None
+        prompt, answer = action_prompt(before, step["workload"], menu), step["action"]
+    else:
+        prompt, answer = step_prompt(before, step["workload"]), answer_object(step["after"]["leir"], step["strategy"])
+    messages = _opening(options, prompt) + [{"role": "assistant", "content": assistant_turn(think, answer)}]
+    ident = step_id(step)
+    if options.style == "action":  # the same step in both styles gives two rows with two ids
+        ident = hashlib.sha256(f"action:{ident}".encode()).hexdigest()[:16]
+    return _row(options.kind, ident, messages, [step], options.style)
 
 
 def _diverse(group: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
@@ -102,11 +143,7 @@ def _diverse(group: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     by_strategy: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for step in sorted(group, key=step_id):
         by_strategy[step["strategy"]].append(step)
-    chosen, depth = [], 0
-    while len(chosen) < k and any(len(v) > depth for v in by_strategy.values()):
-        chosen += [v[depth] for _, v in sorted(by_strategy.items()) if len(v) > depth][:k - len(chosen)]
-        depth += 1
-    return chosen
+    return in_turn([v for _, v in sorted(by_strategy.items())], k)
 
 
 def multi_label_row(group: list[dict[str, Any]], options: ExportOptions) -> dict[str, Any]:
@@ -157,7 +194,7 @@ def trajectory_row(episode: list[dict[str, Any]], options: ExportOptions) -> dic
 def chat_rows(steps: list[dict[str, Any]], options: ExportOptions) -> list[dict[str, Any]]:
     """Rows of filtered steps: one per step, or (labels > 1) one per program with enough labels."""
     if options.labels == 1:
-        rows = [chat_row(step, options) for step in steps]
+        rows = [row for step in steps if (row := chat_row(step, options)) is not None]
     else:
         groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         for step in steps:

@@ -3,13 +3,16 @@
 In the spirit of Step-TP's strategy filtering, but on verified facts: a step is dropped when it failed,
 was not verified or failed verification, changes nothing (no-op) or only fresh names (cosmetic), returns
 to a program its episode already had (undoing an earlier step, like a fusion right after the fission it
-reverses), or repeats a transition already kept. Caps then bound the rows per strategy and per workload,
-keeping a seeded random subset so that no strategy or workload dominates. Every drop is counted with its
-reason in a `FilterReport`.
+reverses), or repeats a transition already kept. One-step rows also need a step measured faster: both
+runtimes measured (or stored measurements), before/after above `min_speedup`, so that a prompt asking for a
+transformation "that you expect to make it faster" is not answered with a recorded slowdown or a guess.
+Caps then bound the rows per strategy and per workload, keeping a seeded random subset so that no strategy
+or workload dominates. Every drop is counted with its reason in a `FilterReport`.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -21,13 +24,15 @@ Steps = list[dict[str, Any]]
 """Step records of a trajectory file (see `records.py`)."""
 
 REASONS = ("error", "stop", "free-form", "not verified", "verification failed", "no-op", "cosmetic", "undo",
-           "duplicate", "after a dropped step", "strategy cap", "workload cap")
+           "not measured faster", "duplicate", "after a dropped step", "strategy cap", "workload cap")
 """Drop reasons, in the order the filters run."""
 
 
 @dataclass(frozen=True)
 class FilterConfig:
-    """What to drop. Caps of None mean no cap; `seed` picks which rows a cap keeps."""
+    """What to drop. Caps of None mean no cap; `seed` picks which rows a cap keeps. `min_speedup` (None: off)
+    applies to one-step rows (`filter_steps`); an episode's conversation reports every step's runtime in its
+    feedback turns, slowdowns included, so `filter_episodes` does not cut at one."""
 
     require_verified: bool = True
     drop_noop: bool = True
@@ -36,6 +41,7 @@ class FilterConfig:
     drop_duplicates: bool = True
     max_per_strategy: int | None = None
     max_per_workload: int | None = None
+    min_speedup: float | None = 1.0
     seed: int = 0
 
 
@@ -64,6 +70,20 @@ def step_id(step: dict[str, Any]) -> str:
     """A content id of a transition: the same workload, program and action give the same id in any run."""
     text = "\n".join(str(step.get(k)) for k in ("workload", "preset", "dtype", "target", "action"))
     return hashlib.sha256((text + "\n" + step["before"]["leir"]).encode()).hexdigest()[:16]
+
+
+MEASURED = ("measured", "stored")
+"""Runtime sources that are timings on the machine (a stored one was measured earlier)."""
+
+
+def measured_speedup(step: dict[str, Any]) -> float | None:
+    """before/after of a step whose two runtimes were both measured, else None."""
+    before, after = step.get("runtime_before_s"), step.get("runtime_after_s")
+    if step.get("source_before") not in MEASURED or step.get("source_after") not in MEASURED:
+        return None
+    if not before or not after or not math.isfinite(before) or not math.isfinite(after):
+        return None
+    return before / after
 
 
 def episode_key(step: dict[str, Any]) -> tuple[str, str]:
@@ -184,6 +204,15 @@ def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[S
     kept = list({id(s): s for episode in _episodes(steps)
                  for s in _walk(episode, config, report, False, verdicts)}.values())
     kept.sort(key=lambda s: (s["workload"], step_id(s)))
+    if config.min_speedup is not None:
+        faster = []
+        for step in kept:
+            speedup = measured_speedup(step)
+            if speedup is None or speedup <= config.min_speedup:
+                report.drop(step, "not measured faster")
+            else:
+                faster.append(step)
+        kept = faster
     if config.drop_duplicates:
         unique, seen = [], set()
         for step in kept:

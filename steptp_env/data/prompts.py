@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from ..ir.analysis import loop_iterations, reduction, scans
 from ..ir.ast import all_loops, equations
 from ..ir.program import Program
+
+T = TypeVar("T")
 
 SYSTEM_PROMPT = ("You are a compiler engineer who speeds up tensor programs written in LEIR, a one-line loop "
                  "notation. You change a program one atomic transformation at a time and never change what it "
@@ -63,6 +65,30 @@ def step_prompt(program: Program, workload: str, labels: int = 1) -> str:
         reply = f"give a JSON list of {labels} entries, each {_ANSWER_FORMAT}"
     return (f"Here is a tensor program from {_subject(workload)}.\n\n{describe_program(program)}\n\n{ask} "
             f"Reason inside <think></think>, then inside <answer></answer> {reply}.")
+
+
+def candidate_menu(texts: list[str], cap: int, first: str | None = None) -> list[str]:
+    """At most `cap` of a program's candidate action texts for a prompt's menu, taken from the strategies in
+    turn (the first candidate of each, then the second, ...), so that a capped menu still offers every
+    strategy that applies rather than the first strategies' many parameter choices. `first` (one of
+    `texts`) stands first among its strategy's candidates: a training row's menu offers its own answer in
+    the place a menu offers a strategy's first candidate."""
+    by_strategy: dict[str, list[str]] = {}
+    for text in texts:
+        by_strategy.setdefault(text.split("(", 1)[0], []).append(text)
+    if first is not None and first in texts:
+        group = by_strategy[first.split("(", 1)[0]]
+        group.insert(0, group.pop(group.index(first)))
+    return in_turn(list(by_strategy.values()), cap)
+
+
+def in_turn(groups: list[list[T]], cap: int) -> list[T]:
+    """Up to `cap` items, the first of every group, then the second of every group, ..."""
+    chosen, depth = [], 0
+    while len(chosen) < cap and any(len(g) > depth for g in groups):
+        chosen += [g[depth] for g in groups if len(g) > depth][:cap - len(chosen)]
+        depth += 1
+    return chosen
 
 
 def action_prompt(program: Program, workload: str, candidates: list[str] | None = None) -> str:

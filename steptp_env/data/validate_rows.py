@@ -2,8 +2,9 @@
 
 For every answer of a row: the prompt's program parses, the answer's program parses against the same
 signature, `identify` finds an action of the claimed `applied_strategy` that turns the previous program
-into it, and it verifies numerically equivalent to the workload's reference (the suite workload named by
-the row; for a row whose workload is not in the suite, such as an imported one, the prompt's program).
+into it (an `action`-style row's answer is an action text, applied to the prompt's program instead), and
+it verifies numerically equivalent to the workload's reference (the suite workload named by the row; for a
+row whose workload is not in the suite, such as an imported one, the prompt's program).
 In a conversation each answer starts from the previous one. Runs as `python -m steptp_env.data.validate_rows
 FILE` or `steptp validate-rows FILE`.
 """
@@ -19,7 +20,7 @@ from typing import Any, Iterable
 from ..errors import StepTPError
 from ..ir.program import Program
 from ..measure import Protocol
-from ..strategies import identify
+from ..strategies import Action, apply_action, identify
 from .prompts import parse_prompt
 from .verification import Checked, check_many
 
@@ -39,15 +40,18 @@ class RowCheck:
         return not self.errors
 
 
-def parse_answers(content: str) -> list[tuple[str, str]]:
+def parse_answers(content: str, program: Program | None = None) -> list[tuple[str, str]]:
     """(transformed_IR, applied_strategy) of an assistant turn; [] for `stop()`. A list answer (a
-    multi-label row) gives one pair per entry."""
+    multi-label row) gives one pair per entry; with `program`, the answer is an action text applied to it."""
     match = _ANSWER.search(content)
     if match is None:
         raise ValueError("no <answer>...</answer>")
     body = match.group(1).strip()
     if body == "stop()":
         return []
+    if program is not None:
+        action = Action.parse(body)
+        return [(apply_action(program, action).leir, action.strategy)]
     data = json.loads(body)
     entries = data if isinstance(data, list) else [data]
     return [(e["transformed_IR"], e["applied_strategy"]) for e in entries]
@@ -82,7 +86,7 @@ def _plan(row: dict[str, Any], result: RowCheck, references: _References) -> lis
     chained = row.get("kind") == "trajectory"
     current, claimed, todo = start, [], []
     for turn in (m for m in messages if m["role"] == "assistant"):
-        for leir, strategy in parse_answers(turn["content"]):
+        for leir, strategy in parse_answers(turn["content"], current if row.get("style") == "action" else None):
             number = result.answers = result.answers + 1
             claimed.append(strategy)
             try:
