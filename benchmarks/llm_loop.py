@@ -157,7 +157,10 @@ def report(work: Path, split: dict, evals: dict[str, dict], command: str, thread
             if stage == "grpo":
                 first, last = _fifths(data["history"])
                 if first is not None:
-                    lines.append(f"- GRPO mean reward, first fifth {first:.4f}, last fifth {last:.4f}")
+                    lines.append(f"- GRPO mean reward, first fifth {first:.4f}, last fifth {last:.4f} (target: "
+                                 f"last above first: {_met(last > first)})")
+                if "after GRPO" not in evals:
+                    lines.append("- the GRPO policy is not evaluated here: the run stopped before its evaluation")
     return "\n".join(lines) + "\n"
 
 
@@ -189,9 +192,11 @@ def main() -> int:
     evals: dict[str, dict] = {}
 
     def evaluated(name: str, stage: str, model: str | None) -> None:
-        """Evaluate a stage's model and rewrite the results with every stage so far (a run stopped later
-        keeps what it measured)."""
         evals[name] = _evaluate(args.work, stage, model, split["test"], args.menu)
+        write()
+
+    def write() -> None:
+        """Rewrite the results with every stage so far (a run stopped later keeps what it measured)."""
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "llm_loop.md").write_text(report(args.work, split, evals, command, args.threads))
         (RESULTS / "llm_loop.json").write_text(json.dumps({"split": split, "evaluations": evals, "rows": len(rows)},
@@ -207,6 +212,7 @@ def main() -> int:
              GRPOOptions(max_steps=args.grpo_steps, candidates=args.menu, max_completion_length=256,
                          mode="measure", generations=args.grpo_generations, prompts_per_step=1),
              store=args.work / "store.sqlite")
+    write()
     evaluated("after GRPO", "grpo", str(args.work / "grpo"))
     return 0
 
