@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.program import Program
-from ..strategies import candidates
-from .filters import MEASURED, step_id
+from ..env.catalog import candidate_groups
+from .filters import MEASURED, speedup, step_id
 from .prompts import (SYSTEM_PROMPT, action_prompt, answer_object, assistant_turn, candidate_menu, episode_prompt,
                       facts, in_turn, facts_sentence, runtime_sentence, step_prompt, verify_sentence)
 
@@ -93,14 +93,14 @@ def reasoning(step: dict[str, Any], grounded: bool, state_facts: bool = True) ->
 
 def _source(step: dict[str, Any]) -> str | None:
     sources = {step.get("source_before"), step.get("source_after")}
-    if None in sources or not step.get("runtime_before_s") or not step.get("runtime_after_s"):
+    if None in sources or speedup(step) is None:
         return None
     return "measured" if sources <= set(MEASURED) else "predicted"
 
 
 def _speedup(step: dict[str, Any]) -> float | None:
-    before, after = step.get("runtime_before_s"), step.get("runtime_after_s")
-    return round(before / after, 6) if before and after else None
+    ratio = speedup(step)
+    return None if ratio is None else round(ratio, 6)
 
 
 def _row(kind: str, ident: str, messages: list[dict[str, str]], steps: list[dict[str, Any]],
@@ -124,7 +124,8 @@ def chat_row(step: dict[str, Any], options: ExportOptions) -> dict[str, Any] | N
     before = _program(step["before"])
     think = reasoning(step, options.kind == "steptp-chat-grounded")
     if options.style == "action":
-        texts = [a.text for a in candidates(before, step.get("target") or "llvm")]
+        groups = candidate_groups(before, step.get("target") or "llvm")  # cached: a program's steps share it
+        texts = [a.text for found in groups.values() for a in found]
         menu = candidate_menu(texts, options.menu, first=step["action"]) or None
         if menu is not None and step["action"] not in menu:
             return None

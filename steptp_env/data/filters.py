@@ -76,14 +76,19 @@ MEASURED = ("measured", "stored")
 """Runtime sources that are timings on the machine (a stored one was measured earlier)."""
 
 
-def measured_speedup(step: dict[str, Any]) -> float | None:
-    """before/after of a step whose two runtimes were both measured, else None."""
+def speedup(step: dict[str, Any]) -> float | None:
+    """before/after of a step with two finite runtimes (measured or predicted), else None."""
     before, after = step.get("runtime_before_s"), step.get("runtime_after_s")
-    if step.get("source_before") not in MEASURED or step.get("source_after") not in MEASURED:
-        return None
     if not before or not after or not math.isfinite(before) or not math.isfinite(after):
         return None
     return before / after
+
+
+def measured_speedup(step: dict[str, Any]) -> float | None:
+    """`speedup` of a step whose two runtimes were both measured, else None."""
+    if step.get("source_before") not in MEASURED or step.get("source_after") not in MEASURED:
+        return None
+    return speedup(step)
 
 
 def episode_key(step: dict[str, Any]) -> tuple[str, str]:
