@@ -82,6 +82,16 @@ def test_sft_trains_and_saves_a_policy_the_agent_loads(tmp_path, tiny_folder, re
     assert len(reply) == 1 and isinstance(reply[0], str)
 
 
+def test_sft_stops_at_its_cpu_time_budget(tmp_path, tiny_folder, ref_rows):
+    """`cpu_minutes` counts the training process's CPU time: a budget the first step spends stops at it."""
+    rows = read_rows([rows_file(tmp_path, ref_rows)])
+    out = sft(rows, tmp_path / "policy", tiny_folder, SFTOptions(max_steps=20, max_length=1024, grad_accumulation=1,
+                                                                  cpu_minutes=1e-6))
+    log = json.loads((out / "train_log.json").read_text())
+    assert len([h for h in log["history"] if "loss" in h]) == 1
+    assert log["cpu_seconds"] > 0 and log["options"]["cpu_minutes"] == 1e-6
+
+
 def test_the_grpo_reward_is_an_environment_step(tmp_path):
     env = StepTPEnv("level1/matmul", "tiny", mode="model", action_mode="text", store=tmp_path / "s.sqlite")
     env.reset(seed=0)
