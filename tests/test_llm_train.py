@@ -130,7 +130,7 @@ def test_evaluation_judges_every_answer_in_both_styles(tmp_path, tiny_folder):
     assert action_summary["equivalent_rate"] == 1.0 and action_summary["claim_match_rate"] is None
     assert ir_summary["parse_rate"] == 1.0 and ir_summary["claim_match_rate"] == 1.0
     noise = evaluate(TransformersBackend(tiny_folder), workloads[:1], mode="model", store=tmp_path / "s.sqlite",
-                     max_new_tokens=8)
+                     max_new_tokens={"action": 8, "ir": 8})
     assert {a.style for a in noise.answers} == {"action", "ir"}
     assert all(not a.equivalent and a.error for a in noise.answers)
 
