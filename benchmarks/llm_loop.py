@@ -3,7 +3,8 @@ evaluated on the held-out families before SFT, after SFT and after GRPO, single 
 
     PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 16] [--grpo-generations 4]
         [--row-workloads 90] [--menu 16] [--min-speedup 1.05] [--best-per-program 2] [--reasoning short]
-        [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop] [--threads 2]
+        [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop]
+        [--threads 2]
 
 Stages (each skipped when its output exists in --work, so a stopped run goes on):
 1. split: suite families split 80/20 (`agents.llm_eval.family_split`, seed 0); the held-out workloads
@@ -248,8 +249,8 @@ def main() -> int:
 
     evaluated("SmolLM2 (before SFT)", "base", None)
     if not (args.work / "sft" / "config.json").exists():
-        options = SFTOptions(epochs=args.sft_epochs, cpu_minutes=args.sft_cpu_minutes, threads=args.threads, max_length=1280, lora=args.lora,
-                             learning_rate=args.learning_rate)
+        options = SFTOptions(epochs=args.sft_epochs, cpu_minutes=args.sft_cpu_minutes, threads=args.threads,
+                             max_length=1280, lora=args.lora, learning_rate=args.learning_rate)
         sft(rows, args.work / "sft", None, options)
     evaluated("after SFT", "sft", str(args.work / "sft"))
     if not (args.work / "grpo" / "config.json").exists():
