@@ -54,11 +54,12 @@ class Evaluation:
         if not mine:
             return {"style": style, "answers": 0}
         equivalent = [a for a in mine if a.equivalent and a.speedup]
+        faster = sum(a.speedup > 1.0 for a in equivalent)
         claims = [a.claim_matches for a in mine if a.claim_matches is not None]
         return {"style": style, "answers": len(mine), "parse_rate": sum(a.parses for a in mine) / len(mine),
                 "claim_match_rate": sum(claims) / len(claims) if claims else None,
                 "equivalent_rate": len(equivalent) / len(mine),
-                "faster_of_equivalent": sum(a.speedup > 1.0 for a in equivalent) / len(equivalent) if equivalent else None,
+                "faster_of_equivalent": faster / len(equivalent) if equivalent else None,
                 "geomean_speedup_equivalent": statistics.geometric_mean([a.speedup for a in equivalent])
                 if equivalent else None}
 

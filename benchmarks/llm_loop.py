@@ -162,7 +162,8 @@ def report(work: Path, split: dict, evals: dict[str, dict], command: str, thread
              f"{report_rows['ir']['filter']['config']['best_per_program']} per program, the fastest; dropped: "
              + ", ".join(f"{k} {v}" for k, v in dropped.items()) + ").", "",
              "| model | style | answers | parse | claim matches | equivalent | faster of equivalent | "
-             "geomean speedup of equivalent | minutes | load at start, peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "geomean speedup of equivalent | minutes | load at start, peak |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, result in evals.items():
         for row in result["summary"]:
             cells = [row.get(k) for k in ("parse_rate", "claim_match_rate", "equivalent_rate", "faster_of_equivalent",

@@ -7,8 +7,8 @@ reverses), or repeats a transition already kept. One-step rows also need a step 
 runtimes measured (or stored measurements), before/after above `min_speedup`, so that a prompt asking for a
 transformation "that you expect to make it faster" is not answered with a recorded slowdown or a guess;
 `best_per_program` keeps only a program's fastest steps, so that rows teach which transformation to choose
-among those that help, not that any of them will do. Caps then bound the rows per strategy and per workload, keeping a seeded random subset so that no strategy
-or workload dominates. Every drop is counted with its reason in a `FilterReport`.
+among those that help, not that any of them will do. Caps then bound the rows per strategy and per
+workload, keeping a seeded random subset so that no strategy or workload dominates. Every drop is counted with its reason in a `FilterReport`.
 """
 from __future__ import annotations
 
