@@ -71,13 +71,15 @@ def prompt_completion(row: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
 
 
 def time_limit(minutes: float | None, key: str = "loss", cpu_minutes: float | None = None):
-    """A trainer callback that prints `key` at every logged step and stops training (after the current
-    step) once `minutes` of wall-clock time or `cpu_minutes` of this process's CPU time have passed."""
+    """A trainer callback that prints `key` at every logged step and stops training after the step past
+    which another would exceed `minutes` of wall-clock time or `cpu_minutes` of this process's CPU time
+    (so a limit is a bound, not the point where the step that crosses it ends)."""
     from transformers import TrainerCallback
 
     class Limit(TrainerCallback):
         def __init__(self) -> None:
             self.began, self.cpu_began = time.monotonic(), time.process_time()
+            self.wall_at = self.cpu_at = 0.0
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and key in logs:
@@ -86,9 +88,13 @@ def time_limit(minutes: float | None, key: str = "loss", cpu_minutes: float | No
                       "CPU-s)", flush=True)
 
         def on_step_end(self, args, state, control, **kwargs):
-            if minutes is not None and time.monotonic() - self.began > 60 * minutes:
+            """Stop when the next step, as long as the last one, would end past a limit."""
+            wall, cpu = time.monotonic() - self.began, time.process_time() - self.cpu_began
+            last_wall, last_cpu = wall - self.wall_at, cpu - self.cpu_at
+            self.wall_at, self.cpu_at = wall, cpu
+            if minutes is not None and wall + last_wall > 60 * minutes:
                 control.should_training_stop = True
-            if cpu_minutes is not None and time.process_time() - self.cpu_began > 60 * cpu_minutes:
+            if cpu_minutes is not None and cpu + last_cpu > 60 * cpu_minutes:
                 control.should_training_stop = True
             return control
 

@@ -1,7 +1,8 @@
 """The LLM loop of issue 18 end to end, offline on CPU: rows from the training families, SmolLM2-135M-Instruct
 evaluated on the held-out families before SFT, after SFT and after GRPO, single steps at `tiny`.
 
-    PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 16] [--grpo-generations 4]
+    PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 30] [--grpo-pool 6]
+        [--grpo-generations 4]
         [--row-workloads 90] [--menu 16] [--min-speedup 1.05] [--best-per-program 2] [--reasoning short]
         [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop]
         [--threads 2]
@@ -23,8 +24,9 @@ Stages (each skipped when its output exists in --work, so a stopped run goes on)
    --sft-cpu-minutes of the training process's CPU time (all threads), whichever comes first, eval `sft`
    in both styles;
 5. GRPO from the SFT model for --grpo-steps (one prompt, --grpo-generations completions each) on the rows'
-   training workloads in the action style, rewards from measure-mode steps (`agents.llm_grpo.grpo`), eval
-   `grpo`.
+   training workloads in the action style, the prompts a fixed cycle of --grpo-pool start programs (a fifth
+   of the run at the defaults, so the first and the last fifths ask the same questions), rewards from
+   measure-mode steps (`agents.llm_grpo.grpo`), eval `grpo`.
 llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. An
 evaluation records the 1-minute load average at its start and the highest one sampled while it ran; its
 own generation runs at --threads, so on a machine of that many cores a load near it is the evaluation
@@ -216,8 +218,11 @@ def main() -> int:
     parser.add_argument("--learning-rate", type=float, default=5e-5, help="SFT's learning rate")
     parser.add_argument("--menu", type=int, default=16,
                         help="candidates an action-style prompt lists (rows, evaluation and GRPO alike)")
-    parser.add_argument("--grpo-steps", type=int, default=16)
+    parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--grpo-generations", type=int, default=4, help="completions per GRPO prompt (one a step)")
+    parser.add_argument("--grpo-pool", type=int, default=6,
+                        help="GRPO asks this many prompts in a fixed cycle, so the first and last fifths ask the "
+                             "same ones when --grpo-steps is 5x it (0: every step a new draw)")
     parser.add_argument("--limit", type=int, default=None, help="held-out workloads (4x as many for training)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
@@ -257,7 +262,8 @@ def main() -> int:
     if not (args.work / "grpo" / "config.json").exists():
         grpo(split["rows"], args.work / "grpo", args.work / "sft",
              GRPOOptions(max_steps=args.grpo_steps, candidates=args.menu, max_completion_length=256,
-                         mode="measure", generations=args.grpo_generations, prompts_per_step=1),
+                         mode="measure", generations=args.grpo_generations, prompts_per_step=1,
+                         pool=args.grpo_pool or None),
              store=args.work / "store.sqlite")
     write()
     evaluated("after GRPO", "grpo", str(args.work / "grpo"))

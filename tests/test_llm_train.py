@@ -117,6 +117,13 @@ def test_a_bounded_grpo_run_logs_rewards_and_saves_the_policy(tmp_path, tiny_fol
     log = json.loads((out / "train_log.json").read_text())
     assert len([h for h in log["history"] if "reward" in h]) == 2 and len(log["steps"]) == 4
     assert (out / "reward.png").stat().st_size > 0 and (out / "config.json").exists()
+    cycled = GRPOOptions(max_steps=4, generations=2, prompts_per_step=1, max_completion_length=4, mode="model",
+                         candidates=4, pool=2)
+    out = grpo(["level1/matmul_square", "level1/relu", "level1/softmax", "level1/elu"], tmp_path / "pool", tiny_folder,
+               cycled, store=tmp_path / "s.sqlite")
+    asked = [s["workload"] for s in json.loads((out / "train_log.json").read_text())["steps"]]
+    assert asked == ["level1/matmul_square"] * 2 + ["level1/softmax"] * 2 + ["level1/matmul_square"] * 2 + \
+        ["level1/softmax"] * 2  # the same prompts in every window of `pool` steps, in order
 
 
 def test_evaluation_judges_every_answer_in_both_styles(tmp_path, tiny_folder):
