@@ -28,6 +28,8 @@ from .common import AgentResult, Move, Node
 
 STYLES = ("action", "ir")
 SEARCHES = ("greedy", "beam", "mcts")
+ANSWER_END = "</answer>"
+"""Generation stops here: an answer is complete, and what a small model writes after it is never read."""
 Messages = list[dict[str, str]]
 
 
@@ -93,7 +95,7 @@ class TransformersBackend:
                                                  return_dict=True)
         sample = temperature > 0
         options = dict(max_new_tokens=max_new_tokens, num_return_sequences=n, do_sample=sample,
-                       pad_token_id=self.tokenizer.pad_token_id)
+                       pad_token_id=self.tokenizer.pad_token_id, stop_strings=[ANSWER_END], tokenizer=self.tokenizer)
         if sample:
             options["temperature"] = temperature
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
@@ -101,7 +103,14 @@ class TransformersBackend:
             out = self.model.generate(**ids, **options) if sample or n == 1 else \
                 self.model.generate(**ids, **options, num_beams=n)
         prompt_length = ids["input_ids"].shape[1]
-        return [self.tokenizer.decode(row[prompt_length:], skip_special_tokens=True) for row in out]
+        return [_through_answer(self.tokenizer.decode(row[prompt_length:], skip_special_tokens=True)) for row in out]
+
+
+def _through_answer(text: str) -> str:
+    """`text` up to its first `</answer>`: a sequence of a batch that stopped early is padded on, and a
+    stop string can end inside a token."""
+    end = text.find(ANSWER_END)
+    return text if end < 0 else text[:end + len(ANSWER_END)]
 
 
 class OpenAIBackend:
@@ -117,8 +126,17 @@ class OpenAIBackend:
     def generate(self, messages: Messages, n: int = 1, max_new_tokens: int = 256, temperature: float = 0.0,
                  seed: int = 0) -> list[str]:
         reply = self.client.chat.completions.create(model=self.model, messages=messages, n=n,
-                                                    max_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        return [choice.message.content or "" for choice in reply.choices]
+                                                    max_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                                    stop=[ANSWER_END])
+        return [_closed(choice.message.content or "", choice.finish_reason) for choice in reply.choices]
+
+
+def _closed(text: str, finish_reason: str | None) -> str:
+    """An OpenAI-style server leaves the stop string out: put `</answer>` back on an answer that stopped at
+    it, so the completion reads as the model wrote it."""
+    if finish_reason == "stop" and "<answer>" in text and ANSWER_END not in text:
+        return text + ANSWER_END
+    return _through_answer(text)
 
 
 def backend_for(model: str | Path | None) -> Backend:

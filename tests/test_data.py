@@ -111,6 +111,9 @@ def test_one_step_rows_only_for_steps_measured_faster(recorded, tmp_path):
     assert {s["strategy"] for s in kept} == {fusion["strategy"], split["strategy"]}
     assert report.dropped == {"not measured faster": 1}
     assert [s["strategy"] for s in filter_steps(timed, FilterConfig(min_speedup=1.6))[0]] == [fusion["strategy"]]
+    best, best_report = filter_steps(timed, FilterConfig(best_per_program=1))  # one program: its fastest step
+    assert [s["strategy"] for s in best] == [fusion["strategy"]]
+    assert best_report.dropped == {"not measured faster": 1, "not among the fastest": 1}
     (tmp_path / "runs").mkdir()
     with JsonlWriter(tmp_path / "runs" / "timed.jsonl", {"config": {}}) as writer:
         for step in timed:
@@ -148,6 +151,14 @@ def test_action_style_rows_show_the_agents_menu(recorded, tmp_path):
     assert not validate_rows([bad])[0].ok
     with pytest.raises(ValueError, match="single-label"):
         ExportOptions(kind="trajectory", style="action")
+    short, _ = export_dataset([folder / "one_step.jsonl"], tmp_path / "short", ExportOptions(style="action",
+                              reasoning="short"), ANY_SPEED, parquet=False)
+    for row, full in zip(short, rows):  # the facts and the action, not the strategy's explanation
+        think = row["messages"][-1]["content"].split("</think>")[0]
+        assert think.endswith(f"I apply {row['actions'][0]}.") and think.startswith("<think>It has ")
+        assert len(think) < len(full["messages"][-1]["content"].split("</think>")[0])
+    with pytest.raises(ValueError, match="reasoning"):
+        ExportOptions(reasoning="long")
 
 
 def test_prompt_states_the_program(recorded):
@@ -322,10 +333,14 @@ def test_export_cli_speed_filter_and_style(recorded, tmp_path):
     assert default.exit_code == 0 and "0 rows" in default.output and "not measured faster 3" in default.output
     assert "--any-speed" in default.output
     anyway = runner.invoke(app, ["export", str(folder / "one_step.jsonl"), "--out", str(tmp_path / "b"),
-                                 "--any-speed", "--style", "action", "--no-parquet"])
+                                 "--any-speed", "--style", "action", "--no-parquet", "--reasoning", "short"])
     assert anyway.exit_code == 0 and "3 rows" in anyway.output, anyway.output
     rows = [json.loads(line) for line in (tmp_path / "b" / "data" / "train.jsonl").read_text().splitlines()]
     assert {r["style"] for r in rows} == {"action"}
+    assert all(r["messages"][-1]["content"].split("</think>")[0].endswith(f"{r['actions'][0]}.") for r in rows)
+    best = runner.invoke(app, ["export", str(folder / "one_step.jsonl"), "--out", str(tmp_path / "c"),
+                               "--any-speed", "--best-per-program", "1", "--no-parquet"])
+    assert best.exit_code == 0 and "not among the fastest 2" in best.output, best.output
 
 
 def test_candidate_menu_takes_strategies_in_turn():

@@ -96,6 +96,18 @@ def test_the_agent_needs_a_text_env(tmp_path, tiny):
     assert get_agent("llm") is run
 
 
+def test_completions_end_at_the_answer():
+    """Generation stops at `</answer>`; what follows it (a batch's padding, a stop inside a token) is cut,
+    and an OpenAI-style reply that left the stop string out gets it back."""
+    from agents.llm import _closed, _through_answer
+
+    assert _through_answer("<think>a</think><answer>x()</answer> and more") == "<think>a</think><answer>x()</answer>"
+    assert _through_answer("<think>no answer yet") == "<think>no answer yet"
+    assert _closed("<think>a</think><answer>x()", "stop") == "<think>a</think><answer>x()</answer>"
+    assert _closed("<think>a</think><answer>x()", "length") == "<think>a</think><answer>x()"
+    assert _closed("<answer>x()</answer>!", "stop") == "<answer>x()</answer>"
+
+
 def test_openai_backend_against_our_server_on_localhost(tmp_path, tiny):
     server = make_server(tiny, "127.0.0.1", 0, name="tiny")
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -82,6 +82,16 @@ def test_sft_trains_and_saves_a_policy_the_agent_loads(tmp_path, tiny_folder, re
     assert len(reply) == 1 and isinstance(reply[0], str)
 
 
+def test_sft_stops_at_its_cpu_time_budget(tmp_path, tiny_folder, ref_rows):
+    """`cpu_minutes` counts the training process's CPU time: a budget the first step spends stops at it."""
+    rows = read_rows([rows_file(tmp_path, ref_rows)])
+    out = sft(rows, tmp_path / "policy", tiny_folder, SFTOptions(max_steps=20, max_length=1024, grad_accumulation=1,
+                                                                  cpu_minutes=1e-6))
+    log = json.loads((out / "train_log.json").read_text())
+    assert len([h for h in log["history"] if "loss" in h]) == 1
+    assert log["cpu_seconds"] > 0 and log["options"]["cpu_minutes"] == 1e-6
+
+
 def test_the_grpo_reward_is_an_environment_step(tmp_path):
     env = StepTPEnv("level1/matmul", "tiny", mode="model", action_mode="text", store=tmp_path / "s.sqlite")
     env.reset(seed=0)
@@ -107,6 +117,13 @@ def test_a_bounded_grpo_run_logs_rewards_and_saves_the_policy(tmp_path, tiny_fol
     log = json.loads((out / "train_log.json").read_text())
     assert len([h for h in log["history"] if "reward" in h]) == 2 and len(log["steps"]) == 4
     assert (out / "reward.png").stat().st_size > 0 and (out / "config.json").exists()
+    cycled = GRPOOptions(max_steps=4, generations=2, prompts_per_step=1, max_completion_length=4, mode="model",
+                         candidates=4, pool=2)
+    out = grpo(["level1/matmul_square", "level1/relu", "level1/softmax", "level1/elu"], tmp_path / "pool", tiny_folder,
+               cycled, store=tmp_path / "s.sqlite")
+    asked = [s["workload"] for s in json.loads((out / "train_log.json").read_text())["steps"]]
+    assert asked == ["level1/matmul_square"] * 2 + ["level1/softmax"] * 2 + ["level1/matmul_square"] * 2 + \
+        ["level1/softmax"] * 2  # the same prompts in every window of `pool` steps, in order
 
 
 def test_evaluation_judges_every_answer_in_both_styles(tmp_path, tiny_folder):
@@ -120,7 +137,7 @@ def test_evaluation_judges_every_answer_in_both_styles(tmp_path, tiny_folder):
     assert action_summary["equivalent_rate"] == 1.0 and action_summary["claim_match_rate"] is None
     assert ir_summary["parse_rate"] == 1.0 and ir_summary["claim_match_rate"] == 1.0
     noise = evaluate(TransformersBackend(tiny_folder), workloads[:1], mode="model", store=tmp_path / "s.sqlite",
-                     max_new_tokens=8)
+                     max_new_tokens={"action": 8, "ir": 8})
     assert {a.style for a in noise.answers} == {"action", "ir"}
     assert all(not a.equivalent and a.error for a in noise.answers)
 

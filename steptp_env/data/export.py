@@ -35,6 +35,7 @@ from .prompts import (SYSTEM_PROMPT, action_prompt, answer_object, assistant_tur
 
 KINDS = ("steptp-chat", "steptp-chat-grounded", "trajectory")
 STYLES = ("ir", "action")
+REASONING = ("full", "short")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class ExportOptions:
     up to k of them, as many different strategies as there are); `style`: the answer style of chat rows,
     `action` with a menu of `menu` candidate actions as the LLM agent shows them (`candidate_menu`), the
     step's action standing first among its strategy's candidates (a step whose strategy still misses the
-    menu, or whose action is not a candidate, gives no row)."""
+    menu, or whose action is not a candidate, gives no row); `reasoning`: `full` (facts, the action and the
+    strategy's explanation) or `short` (facts and the action: a small model taught the long explanation
+    spends its tokens reciting it, and a greedy one loops inside it before it answers)."""
 
     kind: str = "steptp-chat"
     system: bool = False
@@ -52,6 +55,7 @@ class ExportOptions:
     min_labels: int = 2
     style: str = "ir"
     menu: int = 64
+    reasoning: str = "full"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,6 +64,8 @@ class ExportOptions:
             raise ValueError("labels and min_labels must be at least 1")
         if self.style not in STYLES:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.reasoning not in REASONING:
+            raise ValueError(f"reasoning must be one of {', '.join(REASONING)}, got {self.reasoning!r}")
         if self.style == "action" and (self.kind == "trajectory" or self.labels > 1):
             raise ValueError("the action style is for single-label chat rows")
 
@@ -74,14 +80,14 @@ def _delta_sentence(before: dict[str, int], after: dict[str, int]) -> str:
     return ("Afterwards: " + ", ".join(changed) + ".") if changed else "None of these counts changes."
 
 
-def reasoning(step: dict[str, Any], grounded: bool, state_facts: bool = True) -> str:
+def reasoning(step: dict[str, Any], grounded: bool, state_facts: bool = True, explain: bool = True) -> str:
     """The <think> text of one step: facts of the program (unless `state_facts` is off), the action, the
-    strategy's explanation; with `grounded`, also the runtimes (labelled by source), the speedup and how
-    the facts change."""
+    strategy's explanation (unless `explain` is off); with `grounded`, also the runtimes (labelled by
+    source), the speedup and how the facts change."""
     before = facts(_program(step["before"]))
     parts = [facts_sentence(before)] if state_facts else []
     parts.append(f"I apply {step['action']}.")
-    if step.get("explain"):
+    if step.get("explain") and explain:
         parts.append(step["explain"].strip())
     if grounded:
         parts.append(_delta_sentence(before, facts(_program(step["after"]))))
@@ -122,7 +128,7 @@ def _opening(options: ExportOptions, prompt: str) -> list[dict[str, str]]:
 def chat_row(step: dict[str, Any], options: ExportOptions) -> dict[str, Any] | None:
     """One single-label row; None for an `action`-style row whose action is not on the prompt's menu."""
     before = _program(step["before"])
-    think = reasoning(step, options.kind == "steptp-chat-grounded")
+    think = reasoning(step, options.kind == "steptp-chat-grounded", explain=options.reasoning == "full")
     if options.style == "action":
         groups = candidate_groups(before, step.get("target") or "llvm")  # cached: a program's steps share it
         texts = [a.text for found in groups.values() for a in found]

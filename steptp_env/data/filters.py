@@ -5,9 +5,10 @@ was not verified or failed verification, changes nothing (no-op) or only fresh n
 to a program its episode already had (undoing an earlier step, like a fusion right after the fission it
 reverses), or repeats a transition already kept. One-step rows also need a step measured faster: both
 runtimes measured (or stored measurements), before/after above `min_speedup`, so that a prompt asking for a
-transformation "that you expect to make it faster" is not answered with a recorded slowdown or a guess.
-Caps then bound the rows per strategy and per workload, keeping a seeded random subset so that no strategy
-or workload dominates. Every drop is counted with its reason in a `FilterReport`.
+transformation "that you expect to make it faster" is not answered with a recorded slowdown or a guess;
+`best_per_program` keeps only a program's fastest steps, so that rows teach which transformation to choose
+among those that help, not that any of them will do. Caps then bound the rows per strategy and per
+workload, keeping a seeded random subset so that no strategy or workload dominates. Every drop is counted with its reason in a `FilterReport`.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ Steps = list[dict[str, Any]]
 """Step records of a trajectory file (see `records.py`)."""
 
 REASONS = ("error", "stop", "free-form", "not verified", "verification failed", "no-op", "cosmetic", "undo",
-           "not measured faster", "duplicate", "after a dropped step", "strategy cap", "workload cap")
+           "not measured faster", "duplicate", "not among the fastest", "after a dropped step", "strategy cap",
+           "workload cap")
 """Drop reasons, in the order the filters run."""
 
 
@@ -32,7 +34,8 @@ REASONS = ("error", "stop", "free-form", "not verified", "verification failed", 
 class FilterConfig:
     """What to drop. Caps of None mean no cap; `seed` picks which rows a cap keeps. `min_speedup` (None: off)
     applies to one-step rows (`filter_steps`); an episode's conversation reports every step's runtime in its
-    feedback turns, slowdowns included, so `filter_episodes` does not cut at one."""
+    feedback turns, slowdowns included, so `filter_episodes` does not cut at one. `best_per_program` (None:
+    off) keeps, of the one-step rows from one program, the ones with the highest speedups."""
 
     require_verified: bool = True
     drop_noop: bool = True
@@ -42,6 +45,7 @@ class FilterConfig:
     max_per_strategy: int | None = None
     max_per_workload: int | None = None
     min_speedup: float | None = 1.0
+    best_per_program: int | None = None
     seed: int = 0
 
 
@@ -203,6 +207,21 @@ def _cap(steps: list[dict[str, Any]], limit: int | None, group, reason: str, con
     return [s for i, s in enumerate(steps) if i in chosen]
 
 
+def _fastest(steps: Steps, config: FilterConfig, report: FilterReport) -> Steps:
+    """The `best_per_program` steps of highest speedup from each program (ties in the seeded order)."""
+    programs: dict[tuple, list[int]] = defaultdict(list)
+    for i, step in enumerate(steps):
+        programs[(step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"])].append(i)
+    chosen: set[int] = set()
+    for indices in programs.values():
+        ranked = sorted(indices, key=lambda i: (-(speedup(steps[i]) or 0.0), _rank(config, steps[i])))
+        chosen.update(ranked[:config.best_per_program])
+    for i, step in enumerate(steps):
+        if i not in chosen:
+            report.drop(step, "not among the fastest")
+    return [s for i, s in enumerate(steps) if i in chosen]
+
+
 def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[Steps, FilterReport]:
     """Steps that may each become a one-step row, in a deterministic order, and the report."""
     report, verdicts = FilterReport(config, total=len(steps)), {}
@@ -229,6 +248,8 @@ def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[S
                 seen.add(key)
                 unique.append(step)
         kept = unique
+    if config.best_per_program is not None:
+        kept = _fastest(kept, config, report)
     kept = _cap(kept, config.max_per_strategy, lambda s: s["strategy"], "strategy cap", config, report)
     kept = _cap(kept, config.max_per_workload, lambda s: s["workload"], "workload cap", config, report)
     report.kept = len(kept)
