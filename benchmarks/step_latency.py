@@ -8,7 +8,9 @@ cleared (what a fresh process pays). `model` mode steps other seeded random acti
 new (features, prediction and candidate enumeration are paid for). A step includes everything a policy
 waits for: applying the action, the runtime, and the next observation (features and action mask).
 Wall time and this process's CPU time are both reported: measuring runs in a worker process, so only wall
-time covers it; for the other modes CPU time is what the step costs on a busy machine.
+time covers it; for the other modes CPU time is what the step costs on a busy machine. A measured step's
+overhead (issue 19: build, JIT, comparison, everything but the kernels' own runs) is its wall time less the
+seconds the measuring worker spent inside kernel calls, read from the worker around each step.
 Writes benchmarks/results/step_latency.md.
 
     python benchmarks/step_latency.py [--steps 20] [--workloads level1/matmul,level1/softmax]
@@ -31,14 +33,24 @@ from steptp_env.strategies import base
 RESULTS = Path(__file__).resolve().parent / "results"
 WORKLOADS = "level1/matmul,level1/softmax,level1/conv2d,level1/layer_norm,level2/gemm_relu_divide"
 COMPILERGYM = "CompilerGym (Cummins et al. 2022): 0.31 ms per step for its fast LLVM environment, 66 ms for its slow one"
+OVERHEAD_TARGET_MS = 150
 TARGETS = {"measure (build, verify, time)": 150, "store hit, warm candidate caches": 5,
            "store hit, cold candidate caches": 5, "model (new programs)": 30}
+
+
+def kernel_seconds(threads: int) -> float:
+    """Seconds the measuring worker has spent inside kernel calls so far (`build.RunClock`)."""
+    from steptp_env.measure.runner import worker_for
+    from steptp_env.measure.worker import _kernel_seconds
+
+    return worker_for(threads).call(_kernel_seconds, timeout=60.0)
 
 
 def episode(env: StepTPEnv, uri: str, actions: list[int] | None, steps: int, seed: int,
             phases: list[dict] | None = None):
     """Step `actions` (or seeded random legal ones); return (wall, cpu) latencies and the actions taken.
-    Fresh measurements' phase times and kernel runtimes are appended to `phases`."""
+    Fresh measurements' phase times, kernel runtimes and overheads (the step's wall time less the
+    seconds the worker spent inside kernel calls) are appended to `phases`."""
     env.reset(seed=seed, options={"workload": uri})
     rng = np.random.default_rng(seed)
     taken, wall, cpu = [], [], []
@@ -49,6 +61,7 @@ def episode(env: StepTPEnv, uri: str, actions: list[int] | None, steps: int, see
             action = actions[number]
         else:
             action = int(rng.choice(np.flatnonzero(env.action_masks()[1:]) + 1))
+        runs_before = kernel_seconds(env.oracle.protocol.threads) if phases is not None else 0.0
         start, start_cpu = time.perf_counter(), time.process_time()
         _, _, _, _, info = env.step(action)
         wall.append(time.perf_counter() - start)
@@ -56,7 +69,9 @@ def episode(env: StepTPEnv, uri: str, actions: list[int] | None, steps: int, see
         if info["error"] is None:
             taken.append(action)
         if phases is not None and "measure_phases_s" in info:
-            phases.append(dict(info["measure_phases_s"], kernel=info["runtime_s"]))
+            runs = kernel_seconds(env.oracle.protocol.threads) - runs_before
+            phases.append(dict(info["measure_phases_s"], kernel=info["runtime_s"], runs=runs,
+                               overhead=wall[-1] - runs, rounds=(info.get("paired") or {}).get("rounds", 0)))
     return (wall, cpu), taken
 
 
@@ -107,12 +122,20 @@ def main() -> None:
                      f"{wall[int(0.9 * len(wall))] * 1e3:.1f} | {len(wall) / sum(wall):.1f} | "
                      f"{statistics.median(cpu) * 1e3:.1f} | < {TARGETS[mode]} ms |")
     if phases:
-        med = {k: statistics.median(p[k] for p in phases) * 1e3 for k in ("build", "verify", "time", "kernel")}
-        lines += ["", f"Where a fresh measurement's time goes (median over its {len(phases)} measurements, ms): "
-                      f"build (TIR lowering, LLVM IR) {med['build']:.0f}, verification (3 seeded input draws: "
-                      f"the module's JIT on first call, 3 kernel runs, comparison with PyTorch's outputs) "
-                      f"{med['verify']:.0f}, timing (1 warm-up + 5 timed runs) {med['time']:.0f}; the kernels "
-                      f"themselves run {med['kernel']:.1f} ms each (median), and a measurement runs each 9 times."]
+        med = {k: statistics.median(p[k] for p in phases) * 1e3
+               for k in ("build", "verify", "time", "kernel", "runs", "overhead")}
+        overheads = sorted(p["overhead"] * 1e3 for p in phases)
+        lines += ["", f"A fresh measured step's overhead, its wall time less the seconds the measuring worker spent "
+                      f"inside kernel calls (verification runs, timings, paired rounds against the episode's last "
+                      f"measured program, TVM's untimed warm-ups): median {med['overhead']:.0f} ms, p90 "
+                      f"{overheads[int(0.9 * len(overheads))]:.0f} ms over {len(phases)} steps (target: median <= "
+                      f"{OVERHEAD_TARGET_MS} ms); inside kernel calls: median {med['runs']:.0f} ms per step "
+                      f"(paired rounds: median {statistics.median(p['rounds'] for p in phases):.0f}).", "",
+                  f"Where a fresh measurement's time goes (median over its {len(phases)} measurements, ms): "
+                  f"build (TIR lowering, LLVM IR) {med['build']:.0f}, verification (3 seeded input draws: "
+                  f"the module's JIT on first call, 3 kernel runs, comparison with PyTorch's outputs) "
+                  f"{med['verify']:.0f}, timing (a probe and 5 timed runs) {med['time']:.0f}; the kernels "
+                  f"themselves run {med['kernel']:.1f} ms each (median)."]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "step_latency.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -85,3 +85,28 @@ def test_a_program_against_itself_is_about_one():
     clock read around each call would dominate) comes out at a ratio near 1."""
     pair = measure_pair(ADC, ADC, reference, protocol=ONE)
     assert pair.error is None and 0.9 < pair.ratio < 1.1, pair.to_dict()
+
+
+def test_long_kernels_are_timed_by_direct_calls_without_tvm_s_untimed_run(monkeypatch):
+    """At `DIRECT_TIMING_S` a timing is the runs themselves (TVM's evaluator would run the kernel once more,
+    untimed, at every call); below it TVM's evaluator times in C++. Either way the run clock counts the time."""
+    from steptp_env.measure.build import DIRECT_TIMING_S, RunClock, build
+
+    kernel = build(ACD)
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.standard_normal((48, 48)).astype("float32") for name in ("A", "B")}
+    made, real = [], kernel._evaluator
+    monkeypatch.setattr(kernel, "_evaluator", lambda *args: made.append(args) or real(*args))
+    before = RunClock.seconds
+    direct = kernel.timer(inputs, 3, probe_s=DIRECT_TIMING_S)
+    assert all(direct() > 0 for _ in range(4)) and made == [] and RunClock.seconds > before
+    kernel.timer(inputs, 3, probe_s=DIRECT_TIMING_S / 2)()
+    assert made == [(3, 1)]
+
+
+def test_a_long_program_against_itself_is_about_one():
+    """The same on the direct path: a kernel of milliseconds per run, timed around direct calls."""
+    sig = [dict(s, shape=[192, 192]) for s in SIG]
+    program = Program.parse("L^{192}_{a=0}L^{192}_{c=0}L^{192}_{d=0}" + BODY.replace("48", "192"), sig)
+    pair = measure_pair(program, program, reference, protocol=ONE)
+    assert pair.error is None and pair.before_s >= 1e-3 and 0.9 < pair.ratio < 1.1, pair.to_dict()

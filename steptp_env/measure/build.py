@@ -1,9 +1,10 @@
 """Compile a LEIR program with TVM and run it on NumPy arrays."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import tvm
@@ -13,6 +14,29 @@ from ..ir.ast import accesses, equations
 from ..ir.dtypes import is_float
 from ..ir.program import Program
 from ..lower import lower, target_kind
+
+
+DIRECT_TIMING_S = 1e-3
+"""A kernel whose run takes at least this long is timed by this process's clock around direct calls: TVM's
+time_evaluator runs the kernel once, untimed, at every call ("to activate lazy compilation"), which
+doubles the runs of a paired timing's rounds; a call's own overhead (microseconds) is under 0.5% of such
+a run. Shorter kernels keep TVM's timing in C++, where the untimed run costs under a millisecond."""
+
+
+class RunClock:
+    """Seconds this process has spent inside kernel calls (verification runs, timings, TVM's untimed
+    warm-ups): what a step's wall time minus this is overhead (`benchmarks/step_latency.py`)."""
+
+    seconds = 0.0
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            cls.seconds += time.perf_counter() - start
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,7 +101,9 @@ class Kernel:
 
     def _execute(self, inputs: Mapping[str, np.ndarray]) -> list:
         args = self._arguments(inputs)
-        self.main(*args)
+        main = self.main
+        with RunClock.running():
+            main(*args)
         return args
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -107,27 +133,43 @@ class Kernel:
         unless the caller has just run the kernel on these inputs itself."""
         args = self._arguments(inputs)
         evaluator = self._evaluator(number, repeat)
-        if warmup:
-            self.main(*args)
-        return list(evaluator(*args).results)
+        main = self.main
+        with RunClock.running():
+            if warmup:
+                main(*args)
+            return list(evaluator(*args).results)
 
-    def timer(self, inputs: Mapping[str, np.ndarray], number: int, scaled: bool = False) -> Callable[[], float]:
+    def timer(self, inputs: Mapping[str, np.ndarray], number: int, scaled: bool = False,
+              probe_s: float | None = None) -> Callable[[], float]:
         """A callable taking one timing (seconds per run, over `number` runs) on arguments made once: for
         callers that interleave the timings of two kernels (`measure.paired`). With `scaled`, each timing is
         scaled by the share of its wall time the process was running (its CPU time over its wall time, at
         most 1): for a one-thread kernel, time the scheduler gave to other processes is taken out, which is
         what makes a timing hold on a busy machine, while on a quiet one it is TVM's own timing (the runs
-        timed in C++, no call overhead, which a CPU clock read around the call would add)."""
+        timed in C++, no call overhead, which a CPU clock read around the call would add). `probe_s`, one
+        run's seconds when known: at `DIRECT_TIMING_S` or more the runs are timed here around direct calls
+        (no untimed run per timing)."""
         args = self._arguments(inputs)
-        evaluator = self._evaluator(number, 1)
-        if not scaled:
-            return lambda: evaluator(*args).results[0]
+        if probe_s is not None and probe_s >= DIRECT_TIMING_S:
+            main = self.main
+
+            def timed() -> float:
+                start = time.perf_counter()
+                for _ in range(number):
+                    main(*args)
+                return (time.perf_counter() - start) / number
+        else:
+            evaluator = self._evaluator(number, 1)
+
+            def timed() -> float:
+                return evaluator(*args).results[0]
 
         def running_share() -> float:
             wall, cpu = time.perf_counter(), time.process_time()
-            seconds = evaluator(*args).results[0]
+            with RunClock.running():
+                seconds = timed()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            return seconds * min(1.0, cpu / wall) if wall > 0 else seconds
+            return seconds * min(1.0, cpu / wall) if scaled and wall > 0 else seconds
 
         return running_share
 
