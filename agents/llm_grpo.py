@@ -132,8 +132,9 @@ def grpo(workloads: list[str], out: Path | str, model: str | Path | None = None,
                         num_generations=options.generations, max_completion_length=options.max_completion_length,
                         learning_rate=options.learning_rate, temperature=options.temperature, logging_steps=1,
                         save_strategy="no", report_to=[], use_cpu=True, seed=options.seed, bf16=False,
-                        disable_tqdm=True, gradient_checkpointing=False,  # see llm_train: recompute costs CPU
-                        shuffle_dataset=not options.pool)
+                        disable_tqdm=True, shuffle_dataset=not options.pool)
+    # TRL's gradient checkpointing stays on here (unlike SFT's batch of one row): without it a step's
+    # `generations` completions of a long prompt kept every activation, and one run reached 24 GB
     reward = EnvReward(options.mode, options.preset, store)
     trainer = GRPOTrainer(model=loaded, reward_funcs=[reward], args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[time_limit(options.minutes, "reward")])
