@@ -29,7 +29,7 @@ from typing import Any
 
 from ..ir.program import Program
 from ..env.catalog import candidate_groups
-from .filters import MEASURED, speedup, step_id
+from .filters import MEASURED, program_key, speedup, step_id
 from .prompts import (SYSTEM_PROMPT, action_prompt, answer_object, assistant_turn, candidate_menu, episode_prompt,
                       facts, in_turn, facts_sentence, runtime_sentence, step_prompt, verify_sentence)
 
@@ -205,7 +205,7 @@ def chat_rows(steps: list[dict[str, Any]], options: ExportOptions) -> list[dict[
     else:
         groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         for step in steps:
-            groups[(step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"])].append(step)
+            groups[program_key(step)].append(step)
         rows = [multi_label_row(group, options) for group in groups.values() if len(group) >= options.min_labels]
     return sorted(rows, key=lambda r: (r["workload"], r["id"]))
 

@@ -8,7 +8,8 @@ runtimes measured (or stored measurements), before/after above `min_speedup`, so
 transformation "that you expect to make it faster" is not answered with a recorded slowdown or a guess;
 `best_per_program` keeps only a program's fastest steps, so that rows teach which transformation to choose
 among those that help, not that any of them will do. Caps then bound the rows per strategy and per
-workload, keeping a seeded random subset so that no strategy or workload dominates. Every drop is counted with its reason in a `FilterReport`.
+workload, keeping a seeded random subset so that no strategy or workload dominates. Every drop is counted
+with its reason in a `FilterReport`.
 """
 from __future__ import annotations
 
@@ -93,6 +94,11 @@ def measured_speedup(step: dict[str, Any]) -> float | None:
     if step.get("source_before") not in MEASURED or step.get("source_after") not in MEASURED:
         return None
     return speedup(step)
+
+
+def program_key(step: dict[str, Any]) -> tuple:
+    """The program a step starts from: steps with the same key are alternatives for one prompt."""
+    return step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"]
 
 
 def episode_key(step: dict[str, Any]) -> tuple[str, str]:
@@ -192,33 +198,21 @@ def _rank(config: FilterConfig, step: dict[str, Any]) -> str:
 
 
 def _cap(steps: list[dict[str, Any]], limit: int | None, group, reason: str, config: FilterConfig,
-         report: FilterReport) -> list[dict[str, Any]]:
+         report: FilterReport, first=None) -> list[dict[str, Any]]:
+    """At most `limit` steps of each `group`: the first by `first` (a sort key of a step), ties and the
+    rest in the seeded order."""
     if limit is None:
         return steps
     chosen: set[int] = set()
     members: dict[str, list[int]] = defaultdict(list)
     for i, step in enumerate(steps):
         members[group(step)].append(i)
+    order = first or (lambda step: 0)
     for indices in members.values():
-        chosen.update(sorted(indices, key=lambda i: _rank(config, steps[i]))[:limit])
+        chosen.update(sorted(indices, key=lambda i: (order(steps[i]), _rank(config, steps[i])))[:limit])
     for i, step in enumerate(steps):
         if i not in chosen:
             report.drop(step, reason)
-    return [s for i, s in enumerate(steps) if i in chosen]
-
-
-def _fastest(steps: Steps, config: FilterConfig, report: FilterReport) -> Steps:
-    """The `best_per_program` steps of highest speedup from each program (ties in the seeded order)."""
-    programs: dict[tuple, list[int]] = defaultdict(list)
-    for i, step in enumerate(steps):
-        programs[(step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"])].append(i)
-    chosen: set[int] = set()
-    for indices in programs.values():
-        ranked = sorted(indices, key=lambda i: (-(speedup(steps[i]) or 0.0), _rank(config, steps[i])))
-        chosen.update(ranked[:config.best_per_program])
-    for i, step in enumerate(steps):
-        if i not in chosen:
-            report.drop(step, "not among the fastest")
     return [s for i, s in enumerate(steps) if i in chosen]
 
 
@@ -231,8 +225,8 @@ def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[S
     if config.min_speedup is not None:
         faster = []
         for step in kept:
-            speedup = measured_speedup(step)
-            if speedup is None or speedup <= config.min_speedup:
+            ratio = measured_speedup(step)
+            if ratio is None or ratio <= config.min_speedup:
                 report.drop(step, "not measured faster")
             else:
                 faster.append(step)
@@ -240,16 +234,15 @@ def filter_steps(steps: Steps, config: FilterConfig = FilterConfig()) -> tuple[S
     if config.drop_duplicates:
         unique, seen = [], set()
         for step in kept:
-            key = (step["workload"], step.get("preset"), step.get("dtype"), step["before"]["leir"],
-                   _canonical(step["after"]))
+            key = (*program_key(step), _canonical(step["after"]))
             if key in seen:
                 report.drop(step, "duplicate")
             else:
                 seen.add(key)
                 unique.append(step)
         kept = unique
-    if config.best_per_program is not None:
-        kept = _fastest(kept, config, report)
+    kept = _cap(kept, config.best_per_program, program_key, "not among the fastest", config, report,
+                first=lambda s: -(speedup(s) or 0.0))
     kept = _cap(kept, config.max_per_strategy, lambda s: s["strategy"], "strategy cap", config, report)
     kept = _cap(kept, config.max_per_workload, lambda s: s["workload"], "workload cap", config, report)
     report.kept = len(kept)
