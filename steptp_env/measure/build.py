@@ -23,6 +23,11 @@ doubles the runs of a paired timing's rounds; a call's own overhead (microsecond
 a run. Shorter kernels keep TVM's timing in C++, where the untimed run costs under a millisecond."""
 
 
+def _direct(probe_s: float | None) -> bool:
+    """Whether a kernel whose one run took `probe_s` is timed around direct calls."""
+    return probe_s is not None and probe_s >= DIRECT_TIMING_S
+
+
 class RunClock:
     """Seconds this process has spent inside kernel calls (verification runs, timings, TVM's untimed
     warm-ups): what a step's wall time minus this is overhead (`benchmarks/step_latency.py`)."""
@@ -128,16 +133,18 @@ class Kernel:
         return self.run(inputs)[0]
 
     def time(self, inputs: Mapping[str, np.ndarray], number: int = 1, repeat: int = 5,
-             warmup: bool = True) -> list[float]:
-        """Seconds per run, one entry per repeat (TVM's time_evaluator), after one untimed warm-up run
-        unless the caller has just run the kernel on these inputs itself."""
+             warmup: bool = True, probe_s: float | None = None) -> list[float]:
+        """Seconds per run, one entry per repeat (TVM's time_evaluator, or direct calls for a kernel whose
+        `probe_s` is `DIRECT_TIMING_S` or more), after one untimed warm-up run unless the caller has just
+        run the kernel on these inputs itself."""
         args = self._arguments(inputs)
-        evaluator = self._evaluator(number, repeat)
         main = self.main
         with RunClock.running():
             if warmup:
                 main(*args)
-            return list(evaluator(*args).results)
+            if _direct(probe_s):
+                return [self._runs(args, number) for _ in range(repeat)]
+            return list(self._evaluator(number, repeat)(*args).results)
 
     def timer(self, inputs: Mapping[str, np.ndarray], number: int, scaled: bool = False,
               probe_s: float | None = None) -> Callable[[], float]:
@@ -150,28 +157,31 @@ class Kernel:
         run's seconds when known: at `DIRECT_TIMING_S` or more the runs are timed here around direct calls
         (no untimed run per timing)."""
         args = self._arguments(inputs)
-        if probe_s is not None and probe_s >= DIRECT_TIMING_S:
-            main = self.main
-
+        if _direct(probe_s):
             def timed() -> float:
-                start = time.perf_counter()
-                for _ in range(number):
-                    main(*args)
-                return (time.perf_counter() - start) / number
+                return self._runs(args, number)
         else:
             evaluator = self._evaluator(number, 1)
 
             def timed() -> float:
                 return evaluator(*args).results[0]
 
-        def running_share() -> float:
+        def timing() -> float:
             wall, cpu = time.perf_counter(), time.process_time()
             with RunClock.running():
                 seconds = timed()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             return seconds * min(1.0, cpu / wall) if scaled and wall > 0 else seconds
 
-        return running_share
+        return timing
+
+    def _runs(self, args: list, number: int) -> float:
+        """Seconds per run of `number` direct calls, read around them (see `DIRECT_TIMING_S`)."""
+        main = self.main
+        start = time.perf_counter()
+        for _ in range(number):
+            main(*args)
+        return (time.perf_counter() - start) / number
 
     def _evaluator(self, number: int, repeat: int):
         module = self.executable.mod if self._module is self.executable else self._module

@@ -153,16 +153,11 @@ def _time(key: str, inputs: dict[str, np.ndarray], number: int, repeat: int, min
     """Child side: one warm-up run (timed, to raise `number` so one timing lasts at least `min_seconds`),
     then `repeat` timings of `number` runs each (around direct calls for a kernel of `DIRECT_TIMING_S` or
     more, else by TVM's evaluator)."""
-    from .build import DIRECT_TIMING_S
-
     kernel = _KERNELS[key]
     with pinned(int(os.environ.get("TVM_NUM_THREADS") or 0)):
         probe = kernel.time(inputs, number=1, repeat=1, warmup=False)[0]
         number = runs_per_timing(probe, number, min_seconds)
-        if probe >= DIRECT_TIMING_S:  # no second untimed run (`build.DIRECT_TIMING_S`)
-            timer = kernel.timer(inputs, number, probe_s=probe)
-            return [timer() for _ in range(repeat)] + [float(number)]
-        return [t for t in kernel.time(inputs, number=number, repeat=repeat, warmup=False)] + [float(number)]
+        return kernel.time(inputs, number=number, repeat=repeat, warmup=False, probe_s=probe) + [float(number)]
 
 
 @contextlib.contextmanager
