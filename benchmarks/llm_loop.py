@@ -5,7 +5,7 @@ evaluated on the held-out families before SFT, after SFT and after GRPO, single 
         [--grpo-generations 4]
         [--row-workloads 90] [--menu 16] [--min-speedup 1.05] [--best-per-program 2] [--reasoning short]
         [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop]
-        [--threads 2]
+        [--threads 2] [--eval-threads 1]
 
 Stages (each skipped when its output exists in --work, so a stopped run goes on):
 1. split: suite families split 80/20 (`agents.llm_eval.family_split`, seed 0); the held-out workloads
@@ -29,8 +29,8 @@ Stages (each skipped when its output exists in --work, so a stopped run goes on)
    measure-mode steps (`agents.llm_grpo.grpo`), eval `grpo`.
 llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. An
 evaluation records the 1-minute load average at its start and the highest one sampled while it ran; its
-own generation runs at --threads, so on a machine of that many cores a load near it is the evaluation
-itself (its timings are paired against the prompt's program, interleaved).
+generation runs at --eval-threads (1), so that the load stays near one core while its answers are timed
+(paired against the prompt's program, interleaved).
 """
 from __future__ import annotations
 
@@ -123,17 +123,24 @@ class LoadSampler:
         return {"load": self.start, "load_peak": max(self.peak, os.getloadavg()[0])}
 
 
-def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: int) -> dict:
+def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: int, threads: int) -> dict:
+    """One evaluation, its generation at `threads` torch threads (the measurements run at one thread in
+    the worker, after each answer is generated)."""
     path = work / f"eval_{name}.json"
     if not path.exists():
+        import torch
+
         from agents.llm import backend_for
         from agents.llm_eval import evaluate
 
+        trained_with = torch.get_num_threads()
+        torch.set_num_threads(threads)
         began, load = time.monotonic(), LoadSampler()
         result = evaluate(backend_for(model), test, preset=PRESET, mode="measure", store=work / "store.sqlite",
                           candidates=menu)
         path.write_text(json.dumps(dict(result.to_dict(), seconds=time.monotonic() - began, **load.close(),
-                                        model=model or "SmolLM2-135M-Instruct"), indent=1) + "\n")
+                                        threads=threads, model=model or "SmolLM2-135M-Instruct"), indent=1) + "\n")
+        torch.set_num_threads(trained_with)
     return json.loads(path.read_text())
 
 
@@ -224,7 +231,10 @@ def main() -> int:
                         help="GRPO asks this many prompts in a fixed cycle, so the first and last fifths ask the "
                              "same ones when --grpo-steps is 5x it (0: every step a new draw)")
     parser.add_argument("--limit", type=int, default=None, help="held-out workloads (4x as many for training)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of SFT and GRPO")
+    parser.add_argument("--eval-threads", type=int, default=1,
+                        help="torch threads of the evaluations' generation: one leaves the machine's load near one "
+                             "core while their answers are timed")
     args = parser.parse_args()
     import torch
 
@@ -243,7 +253,7 @@ def main() -> int:
     evals: dict[str, dict] = {}
 
     def evaluated(name: str, stage: str, model: str | None) -> None:
-        evals[name] = _evaluate(args.work, stage, model, split["test"], args.menu)
+        evals[name] = _evaluate(args.work, stage, model, split["test"], args.menu, args.eval_threads)
         write()
 
     def write() -> None:
