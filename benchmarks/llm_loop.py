@@ -28,9 +28,9 @@ Stages (each skipped when its output exists in --work, so a stopped run goes on)
    of the run at the defaults, so the first and the last fifths ask the same questions), rewards from
    measure-mode steps (`agents.llm_grpo.grpo`), eval `grpo`.
 llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. An
-evaluation records the 1-minute load average at its start and the highest one sampled while it ran; its
-generation runs at --eval-threads (1), so that the load stays near one core while its answers are timed
-(paired against the prompt's program, interleaved).
+evaluation waits (up to 5 min) for the 1-minute load average to fall under 1.2, records it at its start and
+the highest one sampled while it ran; its generation runs at --eval-threads (1), so that the load stays near
+one core while its answers are timed (paired against the prompt's program, interleaved).
 """
 from __future__ import annotations
 
@@ -123,9 +123,23 @@ class LoadSampler:
         return {"load": self.start, "load_peak": max(self.peak, os.getloadavg()[0])}
 
 
+QUIET_LOAD = 1.2
+QUIET_WAIT_S = 300.0
+
+
+def _wait_for_quiet(below: float = QUIET_LOAD, cap_s: float = QUIET_WAIT_S) -> float:
+    """Seconds waited (at most `cap_s`) until the 1-minute load average is under `below`: an evaluation
+    that follows SFT or GRPO (two busy threads) would otherwise start its timings while the average still
+    carries them (the second run's evaluation after SFT started at 1.64)."""
+    began = time.monotonic()
+    while os.getloadavg()[0] >= below and time.monotonic() - began < cap_s:
+        time.sleep(5.0)
+    return time.monotonic() - began
+
+
 def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: int, threads: int) -> dict:
     """One evaluation, its generation at `threads` torch threads (the measurements run at one thread in
-    the worker, after each answer is generated)."""
+    the worker, after each answer is generated), once the load average has settled (`_wait_for_quiet`)."""
     path = work / f"eval_{name}.json"
     if not path.exists():
         import torch
@@ -135,11 +149,13 @@ def _evaluate(work: Path, name: str, model: str | None, test: list[str], menu: i
 
         trained_with = torch.get_num_threads()
         torch.set_num_threads(threads)
+        waited = _wait_for_quiet()
         began, load = time.monotonic(), LoadSampler()
         result = evaluate(backend_for(model), test, preset=PRESET, mode="measure", store=work / "store.sqlite",
                           candidates=menu)
         path.write_text(json.dumps(dict(result.to_dict(), seconds=time.monotonic() - began, **load.close(),
-                                        threads=threads, model=model or "SmolLM2-135M-Instruct"), indent=1) + "\n")
+                                        threads=threads, model=model or "SmolLM2-135M-Instruct",
+                                        waited_for_quiet_s=waited), indent=1) + "\n")
         torch.set_num_threads(trained_with)
     return json.loads(path.read_text())
 

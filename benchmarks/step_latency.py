@@ -132,8 +132,9 @@ def main() -> None:
                       f"{OVERHEAD_TARGET_MS} ms); inside kernel calls: median {med['runs']:.0f} ms per step "
                       f"(paired rounds: median {statistics.median(p['rounds'] for p in phases):.0f}).", "",
                   f"Where a fresh measurement's time goes (median over its {len(phases)} measurements, ms): "
-                  f"build (TIR lowering, LLVM IR) {med['build']:.0f}, verification (3 seeded input draws: "
-                  f"the module's JIT on first call, 3 kernel runs, comparison with PyTorch's outputs) "
+                  f"build (TIR lowering, LLVM, the JIT link; the env enumerates the program's candidates and "
+                  f"extracts its features meanwhile) {med['build']:.0f}, verification (3 seeded input draws: "
+                  f"3 kernel runs, comparison with PyTorch's outputs) "
                   f"{med['verify']:.0f}, timing (a probe and 5 timed runs) {med['time']:.0f}; the kernels "
                   f"themselves run {med['kernel']:.1f} ms each (median)."]
     RESULTS.mkdir(exist_ok=True)

@@ -185,3 +185,27 @@ def test_settle_workers_waits_while_a_child_process_is_busy():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_work_beside_a_call_runs_while_the_child_works_and_its_errors_are_dropped(tmp_path):
+    """`beside` runs in the caller while the child is still busy (the child writes its marker only at the
+    end of half a second, and `beside` finds none), and the child's answer comes back after it; an
+    exception from `beside` (speculative work) neither fails the call nor the measurement."""
+    from steptp_env.measure.worker import MeasureWorker
+
+    marker = tmp_path / "done"
+    seen = []
+    child = lambda path: (time.sleep(0.5), open(path, "w").close(), 7)[2]  # noqa: E731  (pickled by value)
+    worker = MeasureWorker(1)
+    try:
+        assert worker.call(child, str(marker), timeout=30, beside=lambda: seen.append(marker.exists())) == 7
+        assert seen == [False] and marker.exists()
+
+        def broken() -> None:
+            raise RuntimeError("speculative work failed")
+
+        assert worker.call(child, str(tmp_path / "again"), timeout=30, beside=broken) == 7
+        m = measure(MATMUL, reference, protocol=ONE, worker=worker, beside=broken)
+        assert m.ok and m.verify.equivalent, m.error
+    finally:
+        worker.close()

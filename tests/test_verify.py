@@ -164,3 +164,48 @@ def test_chunked_comparison_finds_the_first_bad_element_anywhere(monkeypatch):
     wrong[15] = -1
     report = compare(wrong, ints, 0.0)
     assert not report.equivalent and report.first_mismatch[1] == (15,) and report.reason.startswith("1 integer")
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 3])
+def test_infinities_must_match_in_sign_and_position(monkeypatch, chunk):
+    """NaN and inf positions agree, in one chunk or several: an inf equal on both sides passes (and is left
+    out of the tolerance's mean magnitude), one of the other sign, a finite value or a NaN against it
+    fails at its position."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("steptp_env.measure.verify"), "CHUNK", chunk)
+    expected = np.array([1.0, np.inf, 2.0, -np.inf, np.nan, 3.0, 4.0], dtype=np.float32)
+    assert compare(expected.copy(), expected, 1e-6).equivalent
+    for position, value in ((1, -np.inf), (3, 5.0), (1, np.nan), (5, np.inf)):
+        actual = expected.copy()
+        actual[position] = value
+        report = compare(actual, expected, 1e-6)
+        assert not report.equivalent and report.first_mismatch[1] == (position,) and "1 NaN/inf" in report.reason
+    actual = expected.copy()
+    actual[6] *= 1.01
+    report = compare(actual, expected, 1e-4)
+    assert not report.equivalent and report.first_mismatch[1] == (6,)
+    assert report.max_rel_err == pytest.approx(0.01, rel=1e-3)
+
+
+def test_small_draws_run_in_one_runner_call_and_large_ones_one_at_a_time(monkeypatch):
+    """A worker's round trip is paid once for draws that together fit `BATCH_BYTES`; above it each draw
+    is taken and run alone. Both give the same verdict."""
+    import importlib
+
+    module = importlib.import_module("steptp_env.measure.verify")
+    program = Program.parse(MATMUL, MATMUL_SIG)
+    kernel = module.build(program)
+    calls = []
+
+    def runner(sets):
+        calls.append(len(sets))
+        return [kernel.run_checked(s) for s in sets]
+
+    assert verify(program, matmul_reference, trials=3, runner=runner).equivalent and calls == [3]
+    calls.clear()
+    monkeypatch.setattr(module, "BATCH_BYTES", 0)
+    assert verify(program, matmul_reference, trials=3, runner=runner).equivalent and calls == [1, 1, 1]
+    wrong = Program.parse(MATMUL.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{d,0}"), MATMUL_SIG)
+    bad = module.build(wrong)
+    assert not verify(wrong, matmul_reference, runner=lambda sets: [bad.run_checked(s) for s in sets]).equivalent

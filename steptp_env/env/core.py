@@ -371,7 +371,9 @@ class StepTPEnv(gym.Env):
             if not check.ok:
                 return {"error": check.error or "verification failed", "action": text}
             checked = True
-        estimate = self.oracle.runtime(after, self.workload, self.best_s, self._scale)
+        # a measured program's candidates (the next state's menu) are enumerated while its kernel builds
+        estimate = self.oracle.runtime(after, self.workload, self.best_s, self._scale,
+                                       beside=lambda: self.catalog.groups(after, self.target, self.oracle.store))
         if estimate.runtime_s is None or estimate.error:
             return {"error": estimate.error or "no runtime", "action": text}
         checked = checked or estimate.measured  # a stored record was verified when it was measured

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..costmodel import CostModel, Features, features
 from ..measure import Measurement, PairedTiming, Protocol, ResultStore, measure, measure_pair, record_key
@@ -91,8 +92,11 @@ class RuntimeOracle:
         self.counts["predicted"] += 1
         return Estimate(float(runtime[0]), "predicted", float(spread[0]), float(runtime[0]))
 
-    def measure(self, program: Program, workload) -> Estimate:
-        """A measured runtime: from this oracle's memory, the store, or a fresh measurement (stored)."""
+    def measure(self, program: Program, workload, beside: Callable[[], Any] | None = None) -> Estimate:
+        """A measured runtime: from this oracle's memory, the store, or a fresh measurement (stored). While
+        a fresh measurement's kernel builds in the worker, this process extracts the program's features
+        (which the store and the model take with the runtime) and runs `beside` (the caller's own work on
+        the program, `measure.measure`)."""
         memo = (workload.uri, program.leir)
         if memo in self._measured:
             return self._measured[memo]
@@ -113,7 +117,12 @@ class RuntimeOracle:
                 if self.model is not None and estimate.error is None:
                     self.model.update([stored.rows], [estimate.runtime_s], [record["key"]], [workload.uri])
         else:
-            m = measure(program, workload, self.target, self.protocol, remote=self.remote)
+            def meanwhile() -> None:
+                self.features(program)
+                if beside is not None:
+                    beside()
+
+            m = measure(program, workload, self.target, self.protocol, remote=self.remote, beside=meanwhile)
             self.counts["measured"] += 1
             feats = self.features(program) if m.ok else None
             key = key or record_key(program, self.target, self.protocol.key, where)
@@ -148,13 +157,14 @@ class RuntimeOracle:
             self._remember(self._paired, memo, found)
         return found
 
-    def runtime(self, program: Program, workload, best_s: float | None = None, scale: float = 1.0) -> Estimate:
+    def runtime(self, program: Program, workload, best_s: float | None = None, scale: float = 1.0,
+                beside: Callable[[], Any] | None = None) -> Estimate:
         """The runtime of `program` in this oracle's mode. `best_s` is the best runtime of the episode so
         far (a hybrid prediction below it is checked by measuring); `scale` calibrates hybrid predictions
         to this episode's measurements (measured / predicted at the last measured program), so rewards
-        compare like with like."""
+        compare like with like. `beside` runs while a fresh measurement builds (see `measure`)."""
         if self.mode == "measure":
-            return self.measure(program, workload)
+            return self.measure(program, workload, beside)
         memo = self._measured.get((workload.uri, program.leir))
         if memo is not None and self.mode == "hybrid":
             return memo
@@ -166,7 +176,7 @@ class RuntimeOracle:
             return estimate
         claims_best = best_s is not None and estimate.runtime_s < best_s
         if self._forced or estimate.spread > self.spread_limit or claims_best:
-            measured = self.measure(program, workload)
+            measured = self.measure(program, workload, beside)
             measured.predicted_s = estimate.predicted_s
             return measured
         return estimate

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 from ..errors import StepTPError
 from ..ir.program import Program
 from .context import versions
-from .verify import Reference, VerifyReport, verify
+from .verify import Reference, VerifyReport, precheck, verify
 from .worker import MeasureWorker, _build, _load, _release, _run, _time, _upload, kernel_key
 
 
@@ -185,13 +185,16 @@ def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
 
 def measure(program: Program, workload: Reference, target: str = "llvm", protocol: Protocol | None = None,
             worker: MeasureWorker | None = None, remote: Remote | str | None = None,
-            timing: bool = True, library: str | Path | None = None) -> Measurement:
+            timing: bool = True, library: str | Path | None = None,
+            beside: Callable[[], Any] | None = None) -> Measurement:
     """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
     it if it is equivalent. With `remote` (a `Remote` or `rpc://host:port/key`) the kernel runs on a device
     leased from that RPC tracker for the measurement (`device` names it). `timing=False` stops after
     verification (no timings). With `library` (a kernel library of `program`'s signature compiled
     elsewhere, e.g. MetaSchedule's) that library is loaded in place of the build, then verified and timed
-    the same way. Never raises for a bad program: failures come back with `error` set."""
+    the same way. `beside` runs here while the worker builds (`MeasureWorker.call`): the caller's work on
+    the program that does not wait for its runtime, overlapped with the build. Never raises for a bad
+    program: failures come back with `error` set."""
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
     remote = None if remote is None else Remote.of(remote)
@@ -202,13 +205,22 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     key = kernel_key(program, target if remote is None else f"{target}@{remote.url}")
     signature = program.signature.to_json()
 
+    early: list[VerifyReport | None] = []
+
+    def meanwhile() -> None:  # beside the build: the check that needs no run, then the caller's work
+        early.append(precheck(program))
+        if beside is not None:
+            beside()
+
     phase = "build"
     try:
         if library is None:
-            m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout)
+            m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout,
+                                    beside=meanwhile)
         else:
             key = f"{key}/library:{Path(library).resolve()}"
-            m.build_s = worker.call(_load, key, str(library), program.leir, signature, timeout=protocol.build_timeout)
+            m.build_s = worker.call(_load, key, str(library), program.leir, signature, timeout=protocol.build_timeout,
+                                    beside=meanwhile)
         if remote is not None:
             phase = UPLOAD
             m.device = worker.call(_upload, key, (remote.host, remote.port), remote.key, remote.session_timeout,
@@ -222,9 +234,10 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
                                                        timeout=protocol.run_timeout)[0][0]
         phase = "verification run"
         start = time.perf_counter()
-        m.verify = verify(program, workload, trials=protocol.trials, seed=protocol.seed, target=target,
-                          runner=lambda sets: worker.call(_run, key, sets, timeout=protocol.run_timeout),
-                          run_reference=run_reference)
+        m.verify = early[0] if early and early[0] is not None else verify(
+            program, workload, trials=protocol.trials, seed=protocol.seed, target=target,
+            runner=lambda sets: worker.call(_run, key, sets, timeout=protocol.run_timeout),
+            run_reference=run_reference, prechecked=bool(early))
         m.verify_s = time.perf_counter() - start
         if not m.verify.equivalent:
             m.error = f"not equivalent: {m.verify.reason}"

@@ -113,27 +113,37 @@ Runner = Callable[[list[dict[str, np.ndarray]]], list[tuple[dict[str, np.ndarray
 """Runs the program on input sets elsewhere: (outputs, names of the inputs the kernel changed) per set."""
 
 
+def precheck(program: Program) -> VerifyReport | None:
+    """The failed report of a program that reads elements of an intermediate that no nest wrote
+    (`unwritten_reads`), else None. Such a program fails before it runs: its outputs depend on what the
+    allocator left in memory, so a run can pass by luck (x - x is 0 for most garbage, NaN for some) and the
+    next one fail."""
+    unwritten = unwritten_reads(program)
+    if not unwritten:
+        return None
+    nest, access = unwritten[0]
+    return VerifyReport(False, reason=f"nest {nest} reads {print_expr(access)} at elements that no earlier "
+                                      "nest wrote (uninitialised memory)", trials=0)
+
+
 def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 0, target: str = "llvm",
            kernel: Kernel | None = None, runner: Runner | None = None,
            run_reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-           opt_level: int | None = None) -> VerifyReport:
+           opt_level: int | None = None, prechecked: bool = False) -> VerifyReport:
     """Run `program` and `reference` on `trials` fresh seeded input draws and compare every output.
 
     Each run gets its own copies of the inputs, so a kernel that writes an input cannot affect the other
     side, and is caught. `runner` runs the program elsewhere (a worker process), and `run_reference`
     a reference program (inputs -> outputs by name); by default they are built and run here, with LLVM
-    at `opt_level` (see `build`). The draws are taken one at a time, so only one draw's arrays are alive
-    at once (imported programs reach GiB).
+    at `opt_level` (see `build`). Small draws run in one `runner` call (`BATCH_BYTES`); larger ones are taken
+    one at a time, so only one draw's arrays are alive at once (imported programs reach GiB).
 
-    A program that reads elements of an intermediate that no nest wrote (`unwritten_reads`) fails before
-    it is built: its outputs depend on what the allocator left in memory, so a run can pass by luck (x - x
-    is 0 for most garbage, NaN for some) and the next one fail.
+    `precheck` comes first (unless the caller ran it already, `prechecked`): a program that reads
+    uninitialised memory fails before it is built.
     """
-    unwritten = unwritten_reads(program)
-    if unwritten:
-        nest, access = unwritten[0]
-        return VerifyReport(False, reason=f"nest {nest} reads {print_expr(access)} at elements that no earlier "
-                                          "nest wrote (uninitialised memory)", trials=0)
+    early = None if prechecked else precheck(program)
+    if early is not None:
+        return early
     make_inputs, default_reference, ref_length = _reference_runner(
         program, reference, target, build_program=run_reference is None, opt_level=opt_level)
     run_reference = run_reference or default_reference
@@ -143,9 +153,7 @@ def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 
     length = max(reduction_length(program.nests), ref_length)
     rtols = {s.name: relative_tolerance(s.dtype, length) for s in program.signature.outputs}
     worst_abs = worst_rel = 0.0
-    for trial in range(trials):
-        inputs = make_inputs(seed * 1000 + trial)
-        [(outputs, changed)] = runner([inputs])
+    for trial, inputs, (outputs, changed) in _trial_runs(make_inputs, runner, seed, trials):
         if changed:
             return VerifyReport(False, reason=f"the kernel modified its input {changed[0]}", trials=trial + 1,
                                 rtol=rtols)
@@ -159,6 +167,25 @@ def verify(program: Program, reference: Reference, trials: int = 3, seed: int = 
                                     f"output {spec.name}, trial {trial}: {verdict.reason}", trial + 1, rtols)
         del inputs, outputs, expected
     return VerifyReport(True, worst_abs, worst_rel, None, "", trials, rtols)
+
+
+BATCH_BYTES = 1 << 26
+"""Input draws are run in one `runner` call when all of them together hold at most this many bytes: a
+worker's round trip is paid once, not once per draw; larger draws are taken and run one at a time."""
+
+
+def _trial_runs(make_inputs: Callable[[int], dict[str, np.ndarray]], runner: Runner, seed: int, trials: int):
+    """(trial, inputs, (outputs, names of changed inputs)) for each seeded draw, in order."""
+    first = make_inputs(seed * 1000)
+    if trials > 1 and sum(np.asarray(a).nbytes for a in first.values()) * trials <= BATCH_BYTES:
+        draws = [first, *(make_inputs(seed * 1000 + trial) for trial in range(1, trials))]
+        yield from ((trial, draw, run) for trial, (draw, run) in enumerate(zip(draws, runner(draws))))
+        return
+    yield 0, first, runner([first])[0]
+    del first
+    for trial in range(1, trials):
+        inputs = make_inputs(seed * 1000 + trial)
+        yield trial, inputs, runner([inputs])[0]
 
 
 CHUNK = 1 << 22
@@ -189,19 +216,27 @@ def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyRepo
         if count:
             return VerifyReport(False, 0.0, 0.0, ("", where(first)), f"{count} integer element(s) differ")
         return VerifyReport(True)
-    # first pass: NaN/inf positions must agree; the mean magnitude of the finite expected values
+    # first pass: NaN/inf positions must agree; the mean magnitude of the finite expected values. Most
+    # outputs are finite everywhere: their chunks skip the NaN/inf bookkeeping, and a single chunk's
+    # float64 copies serve the second pass as well.
     special_count, first, total, finite_count = 0, None, 0.0, 0
+    kept = None
     for lo, hi in chunks:
-        a, e = flat_a[lo:hi].astype(np.float64), flat_e[lo:hi].astype(np.float64)
-        nan_a, nan_e = np.isnan(a), np.isnan(e)
-        inf_a, inf_e = np.isinf(a), np.isinf(e)
-        bad_special = (nan_a != nan_e) | ((inf_a | inf_e) & ~(nan_a | nan_e) & (a != e))
-        special_count += int(bad_special.sum())
-        if first is None and bad_special.any():
-            first = lo + int(np.argmax(bad_special))
-        finite = ~(nan_a | nan_e | inf_a | inf_e)
-        total += float(np.abs(e[finite]).sum())
-        finite_count += int(finite.sum())
+        a, e, finite = _as_float64(flat_a, flat_e, lo, hi)
+        if finite is None:
+            total += float(np.abs(e).sum())
+            finite_count += hi - lo
+        else:
+            odd = np.flatnonzero(~finite)
+            oa, oe = a[odd], e[odd]
+            nan_a, nan_e = np.isnan(oa), np.isnan(oe)
+            bad_special = (nan_a != nan_e) | (~(nan_a | nan_e) & (oa != oe))  # both sides here are NaN or inf
+            special_count += int(bad_special.sum())
+            if first is None and bad_special.any():
+                first = lo + int(odd[np.argmax(bad_special)])
+            total += float(np.abs(e[finite]).sum())
+            finite_count += int(finite.sum())
+        kept = (a, e, finite) if len(chunks) == 1 else None
     if special_count:
         return VerifyReport(False, float("inf"), float("inf"), ("", where(first)),
                             f"{special_count} NaN/inf position(s) differ")
@@ -210,11 +245,15 @@ def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyRepo
     max_abs = max_rel = 0.0
     bad_count, first, detail = 0, None, ""
     for lo, hi in chunks:
-        a, e = flat_a[lo:hi].astype(np.float64), flat_e[lo:hi].astype(np.float64)
-        finite = np.isfinite(a) & np.isfinite(e)
-        diff = np.where(finite, np.abs(a - e), 0.0)
-        magnitude = np.abs(np.where(finite, e, 0.0))
-        allowed = rtol * (magnitude + scale)
+        a, e, finite = kept or _as_float64(flat_a, flat_e, lo, hi)
+        if finite is None:
+            diff, magnitude = np.abs(a - e), np.abs(e)
+        else:
+            with np.errstate(invalid="ignore"):  # inf - inf where both sides agree on an inf
+                diff = np.where(finite, np.abs(a - e), 0.0)
+            magnitude = np.abs(np.where(finite, e, 0.0))
+        allowed = magnitude + scale
+        allowed *= rtol
         max_abs = max(max_abs, float(diff.max()))
         max_rel = max(max_rel, float((diff / np.maximum(magnitude, np.finfo(np.float64).tiny)).max()))
         bad = diff > allowed
@@ -227,3 +266,12 @@ def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyRepo
         return VerifyReport(False, max_abs, max_rel, ("", where(first)),
                             f"{bad_count} element(s) off; at {where(first)}: {detail}")
     return VerifyReport(True, max_abs, max_rel)
+
+
+def _as_float64(flat_a: np.ndarray, flat_e: np.ndarray, lo: int, hi: int):
+    """(actual, expected, where both are finite) of elements lo:hi in float64; the mask is None when every
+    element of both is finite."""
+    a, e = flat_a[lo:hi].astype(np.float64), flat_e[lo:hi].astype(np.float64)
+    finite = np.isfinite(a)
+    finite &= np.isfinite(e)
+    return a, e, None if finite.all() else finite

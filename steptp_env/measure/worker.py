@@ -14,7 +14,7 @@ import pickle
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -69,14 +69,19 @@ def _serve(fn, args, limit: int) -> Any:
 
 
 def _build(key: str, leir: str, signature: list, target: str) -> float:
-    """Child side: parse, lower and compile; returns the seconds it took."""
+    """Child side: parse, lower, compile and (on the CPU) JIT-link the entry function; returns the seconds it
+    took. The link (LLVM's machine-code generation, as long as the build for heavy programs) is done here
+    rather than at the first run, so that the caller's work beside the build (`MeasureWorker.call`) overlaps
+    it too."""
     import time
 
     from ..ir.program import Program
     from .build import build
 
     start = time.perf_counter()
-    _KERNELS[key] = build(Program.parse(leir, signature), target)
+    kernel = _KERNELS[key] = build(Program.parse(leir, signature), target)
+    if kernel.kind == "llvm":
+        kernel.main  # noqa: B018  (the lookup is the link)
     while len(_KERNELS) > _KEEP:  # memory stays bounded; requests of concurrent callers stay apart
         _KERNELS.popitem(last=False)
     return time.perf_counter() - start
@@ -219,17 +224,20 @@ class MeasureWorker:
         self._worker = PopenWorker()
         self.lock = threading.Lock()
 
-    def call(self, fn, *args, timeout: float) -> Any:
+    def call(self, fn, *args, timeout: float, beside: Callable[[], Any] | None = None) -> Any:
         """Run `fn(*args)` in the child. Raises TimeoutError when it outlives `timeout` (the child is
-        killed from here too, in case native code holds it), ChildProcessError when the child dies."""
+        killed from here too, in case native code holds it), ChildProcessError when the child dies.
+        `beside` runs in this thread while the child works (a step's own work that does not need the
+        child's answer, done on another core meanwhile); an exception it raises is dropped: it is
+        speculative work, which the code that needs its result repeats, and fails, in its own place."""
         packed = _pack(args, PIPE_LIMIT)
         try:
-            return self._call(fn, packed, timeout)
+            return self._call(fn, packed, timeout, beside)
         finally:  # the child deletes a file it read; one it never reached (it died first) goes here
             if isinstance(packed, _InFile) and os.path.exists(packed.path):
                 os.unlink(packed.path)
 
-    def _call(self, fn, packed: Any, timeout: float) -> Any:
+    def _call(self, fn, packed: Any, timeout: float, beside: Callable[[], Any] | None) -> Any:
         with self.lock:
             with _thread_env(self.threads):
                 self._worker.send(_serve, (fn, packed, PIPE_LIMIT), timeout=timeout)  # starts a child if there is none
@@ -242,6 +250,9 @@ class MeasureWorker:
 
             timer = threading.Timer(timeout + self.GRACE_S, kill)
             timer.start()
+            if beside is not None:
+                with contextlib.suppress(Exception):
+                    beside()
             try:
                 return _unpack(self._worker.recv())
             except ChildProcessError:
