@@ -26,7 +26,11 @@ class GRPOOptions:
     """`prompts` states in all, `generations` completions per prompt, `max_steps` optimiser steps. With
     `pool`, the run asks the start programs of `pool` workloads spread over the list, in a fixed cycle
     (no shuffling): every window of `pool` prompts is the same questions, so the mean reward of the first
-    and the last windows differ by what the policy learned, not by which programs were drawn."""
+    and the last windows differ by what the policy learned, not by which programs were drawn. `min_p`
+    samples only tokens at least that fraction as likely as the likeliest one: at temperature 0.9 without
+    it, the third acceptance run's completions drifted into strategy names that no menu lists
+    (`loop_reordering`), each paid the illegal-answer penalty, so the invalid answers' count, not the
+    choice among the menu's actions, decided the mean reward."""
 
     style: str = "action"
     candidates: int = 32
@@ -38,6 +42,7 @@ class GRPOOptions:
     max_completion_length: int = 64
     learning_rate: float = 1e-5
     temperature: float = 0.9
+    min_p: float | None = 0.1
     mode: str = "hybrid"
     preset: str = "tiny"
     seed: int = 0
@@ -130,7 +135,8 @@ def grpo(workloads: list[str], out: Path | str, model: str | Path | None = None,
     config = GRPOConfig(output_dir=str(out / "trainer"), max_steps=options.max_steps,
                         per_device_train_batch_size=options.prompts_per_step * options.generations,
                         num_generations=options.generations, max_completion_length=options.max_completion_length,
-                        learning_rate=options.learning_rate, temperature=options.temperature, logging_steps=1,
+                        learning_rate=options.learning_rate, temperature=options.temperature, min_p=options.min_p,
+                        logging_steps=1,
                         save_strategy="no", report_to=[], use_cpu=True, seed=options.seed, bf16=False,
                         disable_tqdm=True, shuffle_dataset=not options.pool)
     # TRL's gradient checkpointing stays on here (unlike SFT's batch of one row): without it a step's

@@ -2,7 +2,7 @@
 evaluated on the held-out families before SFT, after SFT and after GRPO, single steps at `tiny`.
 
     PYTHONPATH=. python benchmarks/llm_loop.py [--sft-cpu-minutes 60] [--grpo-steps 30] [--grpo-pool 6]
-        [--grpo-generations 4]
+        [--grpo-generations 4] [--grpo-learning-rate 2e-5] [--grpo-min-p 0.1]
         [--row-workloads 90] [--menu 16] [--min-speedup 1.05] [--best-per-program 2] [--reasoning short]
         [--sft-styles action] [--sft-epochs 3] [--lora] [--learning-rate 5e-5] [--limit N] [--work runs/llm_loop]
         [--threads 2] [--eval-threads 1]
@@ -26,7 +26,8 @@ Stages (each skipped when its output exists in --work, so a stopped run goes on)
 5. GRPO from the SFT model for --grpo-steps (one prompt, --grpo-generations completions each) on the rows'
    training workloads in the action style, the prompts a fixed cycle of --grpo-pool start programs (a fifth
    of the run at the defaults, so the first and the last fifths ask the same questions), rewards from
-   measure-mode steps (`agents.llm_grpo.grpo`), eval `grpo`.
+   measure-mode steps (`agents.llm_grpo.grpo`), sampled at temperature 0.9 among the tokens at least
+   --grpo-min-p as likely as the likeliest, eval `grpo`.
 llm_loop.md and llm_loop.json are written from the stage outputs with the loss and reward curves. An
 evaluation waits (up to 5 min) for the 1-minute load average to fall under 1.2, records it at its start and
 the highest one sampled while it ran; its generation runs at --eval-threads (1), so that the load stays near
@@ -243,6 +244,9 @@ def main() -> int:
                         help="candidates an action-style prompt lists (rows, evaluation and GRPO alike)")
     parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--grpo-generations", type=int, default=4, help="completions per GRPO prompt (one a step)")
+    parser.add_argument("--grpo-learning-rate", type=float, default=2e-5)
+    parser.add_argument("--grpo-min-p", type=float, default=0.1,
+                        help="GRPO samples only tokens at least this fraction as likely as the likeliest (0: off)")
     parser.add_argument("--grpo-pool", type=int, default=6,
                         help="GRPO asks this many prompts in a fixed cycle, so the first and last fifths ask the "
                              "same ones when --grpo-steps is 5x it (0: every step a new draw)")
@@ -289,7 +293,8 @@ def main() -> int:
         grpo(split["rows"], args.work / "grpo", args.work / "sft",
              GRPOOptions(max_steps=args.grpo_steps, candidates=args.menu, max_completion_length=256,
                          mode="measure", generations=args.grpo_generations, prompts_per_step=1,
-                         pool=args.grpo_pool or None),
+                         pool=args.grpo_pool or None, learning_rate=args.grpo_learning_rate,
+                         min_p=args.grpo_min_p or None),
              store=args.work / "store.sqlite")
     write()
     evaluated("after GRPO", "grpo", str(args.work / "grpo"))
