@@ -28,9 +28,9 @@ from pathlib import Path
 os.environ.setdefault("TVM_NUM_THREADS", "1")  # TVM reads it at import; the protocol is one thread
 
 from steptp_env.measure.build import build  # noqa: E402
-from steptp_env.measure.paired import interleave, median_interval, log_ratios  # noqa: E402
+from steptp_env.measure.paired import median_interval, log_ratios  # noqa: E402
 from steptp_env.measure.verify import verify  # noqa: E402
-from steptp_env.measure.worker import pinned, runs_per_timing  # noqa: E402
+from steptp_env.measure.worker import paired_timings  # noqa: E402
 from steptp_env.strategies import random_chain  # noqa: E402
 from steptp_env.workloads import get_workload  # noqa: E402
 
@@ -58,17 +58,13 @@ def compiled(program, level: int | None) -> tuple:
     start = time.perf_counter()
     kernel = build(program, "llvm", level)
     built = time.perf_counter()
-    kernel.main  # noqa: B018  (the first lookup is the link)
+    kernel.link()
     return kernel, built - start, time.perf_counter() - built
 
 
 def paired_ratio(o3, other, inputs) -> tuple[float, float, float, int]:
     """(O3's time / the other's, low, high, rounds): above 1 where the other level's kernel is faster."""
-    with pinned(1):
-        probes = [k.time(inputs, number=1, repeat=1)[0] for k in (o3, other)]
-        timers = [k.timer(inputs, runs_per_timing(p, 1, MIN_SECONDS), scaled=True, probe_s=p)
-                  for k, p in zip((o3, other), probes)]
-        before, after = interleave(*timers)
+    before, after = paired_timings((o3, other), inputs, MIN_SECONDS, threads=1)
     low, mid, high = median_interval(log_ratios(before, after))
     return math.exp(mid), math.exp(low), math.exp(high), len(before)
 

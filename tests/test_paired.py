@@ -123,3 +123,24 @@ def test_the_direct_path_against_itself_is_about_one(monkeypatch):
     pair = PairedTiming.of(times["before"], times["after"])
     assert made == [(1, 1)] * 2  # only the probes use TVM's evaluator
     assert 0.9 < pair.ratio < 1.1, pair.to_dict()
+
+
+def test_paired_timings_of_kernels_built_in_this_process_alternate_and_restore_the_affinity():
+    """`worker.paired_timings` is the worker's paired timing for kernels held anywhere (benchmarks/opt_level.py
+    times its own builds with it): as many timings of each, every one positive, and at one thread the
+    calling thread's cores are the same after it as before."""
+    import os
+
+    from steptp_env.measure.build import build
+    from steptp_env.measure.worker import paired_timings
+
+    kernels = [build(ACD), build(ADC)]
+    for kernel in kernels:
+        kernel.link()
+        assert kernel._main is not None  # linked before any run
+    rng = np.random.default_rng(1)
+    inputs = {name: rng.standard_normal((48, 48)).astype("float32") for name in ("A", "B")}
+    cores = os.sched_getaffinity(0)
+    before, after = paired_timings(kernels, inputs, 1e-4, threads=1, max_rounds=8)
+    assert MIN_ROUNDS <= len(before) == len(after) <= 8 and min(before + after) > 0
+    assert os.sched_getaffinity(0) == cores

@@ -77,6 +77,12 @@ class Kernel:
             self._main = self._module["main"]
         return self._main
 
+    def link(self) -> None:
+        """JIT-link an LLVM kernel now (the entry function's first lookup), so that LLVM's machine-code time
+        falls where the caller puts it (inside a build) rather than into the first run."""
+        if self.kind == "llvm":
+            self.main  # noqa: B018  (the lookup is the link)
+
     @classmethod
     def loaded(cls, program: Program, module) -> Kernel:
         """A kernel of `program` whose code is `module`, a library compiled elsewhere and loaded with

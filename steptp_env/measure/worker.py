@@ -14,7 +14,7 @@ import pickle
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -79,9 +79,8 @@ def _build(key: str, leir: str, signature: list, target: str) -> float:
     from .build import build
 
     start = time.perf_counter()
-    kernel = _KERNELS[key] = build(Program.parse(leir, signature), target)
-    if kernel.kind == "llvm":
-        kernel.main  # noqa: B018  (the lookup is the link)
+    _KERNELS[key] = build(Program.parse(leir, signature), target)
+    _KERNELS[key].link()
     while len(_KERNELS) > _KEEP:  # memory stays bounded; requests of concurrent callers stay apart
         _KERNELS.popitem(last=False)
     return time.perf_counter() - start
@@ -122,22 +121,28 @@ def _ensure_built(key: str, leir: str, signature: list, target: str) -> float:
     return _build(key, leir, signature, target)
 
 
-def _time_pair(key_before: str, key_after: str, inputs: dict[str, np.ndarray], min_seconds: float,
-               halfwidth: float, max_rounds: int, budget_s: float) -> dict[str, list[float]]:
-    """Child side: the two kernels timed in alternating rounds (`paired.interleave`), each timing long
-    enough (`min_seconds`) for the timer; seconds per run for each. At one thread each timing is scaled by
-    the share of it the process was running (`Kernel.timer`), so a busy neighbour's share of the core does
-    not enter it."""
+def paired_timings(kernels: Sequence, inputs: dict[str, np.ndarray], min_seconds: float, threads: int,
+                   **interleaving: Any) -> tuple[list[float], list[float]]:
+    """Two kernels timed in alternating rounds (`paired.interleave`, its options in `interleaving`), each
+    timing long enough (`min_seconds`) for the timer; seconds per run for each. At one thread the calling
+    thread is pinned and each timing is scaled by the share of it the process was running (`Kernel.timer`),
+    so a busy neighbour's share of the core does not enter it. The worker's paired measurement and
+    benchmarks/opt_level.py take their ratios this one way."""
     from .paired import interleave
 
-    kernels = [_KERNELS[key_before], _KERNELS[key_after]]
-    threads = int(os.environ.get("TVM_NUM_THREADS") or 0)
     with pinned(threads):
         probes = [k.time(inputs, number=1, repeat=1, warmup=False)[0] for k in kernels]  # TVM warms up
-        numbers = [runs_per_timing(probe, 1, min_seconds) for probe in probes]
-        timers = [k.timer(inputs, n, scaled=threads == 1, probe_s=probe)
-                  for k, n, probe in zip(kernels, numbers, probes)]
-        before, after = interleave(*timers, halfwidth=halfwidth, max_rounds=max_rounds, budget_s=budget_s)
+        timers = [k.timer(inputs, runs_per_timing(probe, 1, min_seconds), scaled=threads == 1, probe_s=probe)
+                  for k, probe in zip(kernels, probes)]
+        return interleave(*timers, **interleaving)
+
+
+def _time_pair(key_before: str, key_after: str, inputs: dict[str, np.ndarray], min_seconds: float,
+               halfwidth: float, max_rounds: int, budget_s: float) -> dict[str, list[float]]:
+    """Child side: `paired_timings` of two kernels this child holds, at the protocol's thread count."""
+    before, after = paired_timings([_KERNELS[key_before], _KERNELS[key_after]], inputs, min_seconds,
+                                   int(os.environ.get("TVM_NUM_THREADS") or 0), halfwidth=halfwidth,
+                                   max_rounds=max_rounds, budget_s=budget_s)
     return {"before": before, "after": after}
 
 
