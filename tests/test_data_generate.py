@@ -98,3 +98,21 @@ def test_a_timed_out_verification_is_tried_again_on_resume(tmp_path, monkeypatch
     steps = _steps(tmp_path / module.STEPS_FILE)
     assert transient[0]["key"] in {s["key"] for s in steps} and len(steps) == len({s["key"] for s in steps})
     assert generate(config, tmp_path).written == 0  # now done
+
+
+def test_a_check_collects_garbage_only_after_a_large_program(monkeypatch):
+    """A full garbage collection after every check was nearly half of generation's CPU time; `check` runs one
+    only after a program whose tensors pass COLLECT_BYTES, and verifies either way."""
+    import gc
+
+    from steptp_env.data import verification
+    from steptp_env.measure import Protocol
+    from steptp_env.workloads import get_workload
+
+    collections, collect = [], gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or collect(*a))
+    wl = get_workload("level1/relu", preset="tiny")
+    protocol = Protocol(threads=1)
+    assert verification.check(wl.program, wl, protocol=protocol)["equivalent"] and collections == []
+    monkeypatch.setattr(verification, "COLLECT_BYTES", 0)
+    assert verification.check(wl.program, wl, protocol=protocol)["equivalent"] and len(collections) == 1

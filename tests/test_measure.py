@@ -36,6 +36,27 @@ def test_a_measurement_holds_timings_verdict_protocol_and_context():
     assert m.to_dict()["median_s"] == m.median_s
 
 
+def test_an_untimed_check_at_a_low_opt_level_keeps_its_kernel_apart_from_the_timed_one():
+    """`opt_level` builds a kernel that is only verified; it is held under its own name in the worker, so a
+    later paired timing of the same program builds the O3 kernel instead of finding the O1 one. A timed
+    measurement at another level is refused: timings are always of the protocol's build."""
+    from steptp_env.measure.worker import _ensure_built, kernel_key
+
+    worker = worker_for(1, slot=7)
+    try:
+        m = measure(MATMUL, reference, protocol=ONE, worker=worker, timing=False, opt_level=1)
+        assert m.verify.equivalent and m.timings == [] and m.build_s > 0
+        args = (MATMUL.leir, MATMUL.signature.to_json(), "llvm")
+        assert worker.call(_ensure_built, kernel_key(MATMUL, "llvm") + "/O1", *args, timeout=60) == 0.0
+        assert worker.call(_ensure_built, kernel_key(MATMUL, "llvm"), *args, timeout=60) > 0.0
+        wrong = Program.parse(MATMUL.leir.replace("B^{f32,g}_{d,c}", "B^{f32,g}_{c,d}"), SIG)
+        assert not measure(wrong, reference, protocol=ONE, worker=worker, timing=False, opt_level=1).verify.equivalent
+    finally:
+        worker.close()
+    with pytest.raises(ValueError, match="untimed"):
+        measure(MATMUL, reference, protocol=ONE, opt_level=1)
+
+
 def test_fast_kernels_get_more_runs_per_timing():
     tiny = Program.parse("L^{4}_{a=0}[C^{f32,g}_{a}=A^{f32,g}_{a}+1;];",
                          [{"name": "A", "shape": [4], "dtype": "float32"},

@@ -1,8 +1,9 @@
 """Verifying dataset rows: build and check programs in worker processes, several at a time.
 
 Every row a generator writes, an exporter keeps or an importer accepts is checked the same way:
-`measure(..., timing=False)` builds the program in an isolated worker (a crash or hang is a result) and
-compares it with the reference here. Parallel checks each get their own worker process.
+`measure(..., timing=False, opt_level=VERIFY_OPT_LEVEL)` builds the program in an isolated worker (a crash
+or hang is a result) and compares it with the reference here. Parallel checks each get their own worker
+process.
 """
 from __future__ import annotations
 
@@ -20,6 +21,19 @@ RELEASE_BYTES = 1 << 30
 """After checking a program whose tensors take more than this, its worker is restarted: TVM keeps freed
 intermediates in a per-process workspace pool, so one large row would hold its memory through the run."""
 
+VERIFY_OPT_LEVEL = 1
+"""LLVM level of a verification build. Equivalence is a property of the LEIR program, and a checked kernel is
+never timed, so it needs LLVM's cheap passes only: benchmarks/results/opt_level.md has O1 building and
+JIT-linking in 62 ms against O3's 86 (median, 25 programs at `small`), its kernels at 0.83 of O3's speed,
+which three verification runs of a small kernel do not notice (O0 builds faster still, and its kernels run
+several times slower)."""
+
+COLLECT_BYTES = 1 << 26
+"""After checking a program whose tensors take more than this, this process runs a full garbage collection,
+so that arrays caught in reference cycles are freed before the next check. Not after every check: with the
+strategies' and TVM's objects alive a full collection takes ~0.3 s, which was 46% of `steptp generate`'s
+CPU time at `small`, to free arrays that are small there."""
+
 
 def check(program: Program, reference: Reference, target: str = "llvm", protocol: Protocol | None = None,
           slot: int = 0) -> dict[str, Any]:
@@ -27,10 +41,12 @@ def check(program: Program, reference: Reference, target: str = "llvm", protocol
     failed build or run is a report with `equivalent: false` and the failure as its `reason`."""
     protocol = protocol or Protocol()
     worker = worker_for(protocol.threads, slot)
-    m = measure(program, reference, target, protocol, worker=worker, timing=False)
-    gc.collect()  # free this check's arrays before the next one
+    m = measure(program, reference, target, protocol, worker=worker, timing=False, opt_level=VERIFY_OPT_LEVEL)
     programs = [program] + ([reference] if isinstance(reference, Program) else [])
-    if max(map(program_bytes, programs)) > RELEASE_BYTES:
+    largest = max(map(program_bytes, programs))
+    if largest > COLLECT_BYTES:
+        gc.collect()  # free this check's arrays before the next one
+    if largest > RELEASE_BYTES:
         worker.close()  # TVM's workspace pool keeps a kernel's intermediates; a new worker starts empty
     if m.verify is None:
         return {"equivalent": False, "reason": m.error or "not verified", "trials": 0}

@@ -186,15 +186,19 @@ def worker_for(threads: int, slot: int = 0) -> MeasureWorker:
 def measure(program: Program, workload: Reference, target: str = "llvm", protocol: Protocol | None = None,
             worker: MeasureWorker | None = None, remote: Remote | str | None = None,
             timing: bool = True, library: str | Path | None = None,
-            beside: Callable[[], Any] | None = None) -> Measurement:
+            beside: Callable[[], Any] | None = None, opt_level: int | None = None) -> Measurement:
     """Build `program`, verify it against `workload` (a Workload, a Program or a NumPy callable), and time
     it if it is equivalent. With `remote` (a `Remote` or `rpc://host:port/key`) the kernel runs on a device
     leased from that RPC tracker for the measurement (`device` names it). `timing=False` stops after
     verification (no timings). With `library` (a kernel library of `program`'s signature compiled
     elsewhere, e.g. MetaSchedule's) that library is loaded in place of the build, then verified and timed
     the same way. `beside` runs here while the worker builds (`MeasureWorker.call`): the caller's work on
-    the program that does not wait for its runtime, overlapped with the build. Never raises for a bad
-    program: failures come back with `error` set."""
+    the program that does not wait for its runtime, overlapped with the build. `opt_level` (LLVM's, with
+    `timing=False` only: a timed kernel is always built as the measurement protocol builds it, at TVM's
+    default 3) builds a kernel whose semantics alone are checked. Never raises for a bad program: failures
+    come back with `error` set."""
+    if opt_level is not None and (timing or library is not None):
+        raise ValueError("opt_level is for untimed checks of a program built here (timing=False, no library)")
     protocol = protocol or Protocol()
     worker = worker or worker_for(protocol.threads)
     remote = None if remote is None else Remote.of(remote)
@@ -203,6 +207,8 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     m = Measurement(program.leir, target if remote is None else f"{target}@{remote.url}", protocol,
                     versions=versions())
     key = kernel_key(program, target if remote is None else f"{target}@{remote.url}")
+    if opt_level is not None:
+        key += f"/O{opt_level}"  # never the timed O3 kernel of the same program
     signature = program.signature.to_json()
 
     early: list[VerifyReport | None] = []
@@ -215,8 +221,8 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     phase = "build"
     try:
         if library is None:
-            m.build_s = worker.call(_build, key, program.leir, signature, target, timeout=protocol.build_timeout,
-                                    beside=meanwhile)
+            m.build_s = worker.call(_build, key, program.leir, signature, target, opt_level,
+                                    timeout=protocol.build_timeout, beside=meanwhile)
         else:
             key = f"{key}/library:{Path(library).resolve()}"
             m.build_s = worker.call(_load, key, str(library), program.leir, signature, timeout=protocol.build_timeout,
@@ -228,7 +234,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         run_reference = None
         if isinstance(workload, Program) and remote is None:  # a reference program runs in the worker too
             phase = "build of the reference program"
-            worker.call(_build, key + "/reference", workload.leir, workload.signature.to_json(), target,
+            worker.call(_build, key + "/reference", workload.leir, workload.signature.to_json(), target, opt_level,
                         timeout=protocol.build_timeout)
             run_reference = lambda inputs: worker.call(_run, key + "/reference", [inputs],  # noqa: E731
                                                        timeout=protocol.run_timeout)[0][0]
