@@ -188,6 +188,19 @@ def test_infinities_must_match_in_sign_and_position(monkeypatch, chunk):
     assert report.max_rel_err == pytest.approx(0.01, rel=1e-3)
 
 
+def test_finite_float64_values_whose_sum_overflows_compare_as_finite():
+    """An all-finite chunk is told by its finite sums; float64 values near the largest float overflow a sum,
+    and take the exact path with the same verdicts."""
+    big = np.full(8, 1e308)
+    assert compare(big.copy(), big, 1e-6).equivalent
+    off = big.copy()
+    off[5] = 0.9e308
+    report = compare(off, big, 1e-6)
+    assert not report.equivalent and report.first_mismatch[1] == (5,)
+    off[5] = np.inf
+    assert "1 NaN/inf" in compare(off, big, 1e-6).reason
+
+
 def test_small_draws_run_in_one_runner_call_and_large_ones_one_at_a_time(monkeypatch):
     """A worker's round trip is paid once for draws that together fit `BATCH_BYTES`; above it each draw
     is taken and run alone. Both give the same verdict."""

@@ -218,60 +218,71 @@ def compare(actual: np.ndarray, expected: np.ndarray, rtol: float) -> VerifyRepo
         return VerifyReport(True)
     # first pass: NaN/inf positions must agree; the mean magnitude of the finite expected values. Most
     # outputs are finite everywhere: their chunks skip the NaN/inf bookkeeping, and a single chunk's
-    # float64 copies serve the second pass as well.
+    # float64 differences and magnitudes serve the second pass as well. `total` sums |expected| / size,
+    # which no float64 values can overflow.
     special_count, first, total, finite_count = 0, None, 0.0, 0
     kept = None
     for lo, hi in chunks:
-        a, e, finite = _as_float64(flat_a, flat_e, lo, hi)
+        diff, magnitude, finite, magnitude_sum = _differences(flat_a, flat_e, lo, hi)
         if finite is None:
-            total += float(np.abs(e).sum())
+            total += magnitude_sum / flat_a.size
             finite_count += hi - lo
         else:
             odd = np.flatnonzero(~finite)
-            oa, oe = a[odd], e[odd]
+            oa, oe = flat_a[lo:hi][odd].astype(np.float64), flat_e[lo:hi][odd].astype(np.float64)
             nan_a, nan_e = np.isnan(oa), np.isnan(oe)
             bad_special = (nan_a != nan_e) | (~(nan_a | nan_e) & (oa != oe))  # both sides here are NaN or inf
             special_count += int(bad_special.sum())
             if first is None and bad_special.any():
                 first = lo + int(odd[np.argmax(bad_special)])
-            total += float(np.abs(e[finite]).sum())
+            total += float((magnitude[finite] / flat_a.size).sum())
             finite_count += int(finite.sum())
-        kept = (a, e, finite) if len(chunks) == 1 else None
+        kept = (diff, magnitude, finite) if len(chunks) == 1 else None
     if special_count:
         return VerifyReport(False, float("inf"), float("inf"), ("", where(first)),
                             f"{special_count} NaN/inf position(s) differ")
-    scale = total / max(1, finite_count)
+    scale = total * (flat_a.size / max(1, finite_count))
     # second pass: every finite element within rtol * (|expected| + mean |expected|)
     max_abs = max_rel = 0.0
     bad_count, first, detail = 0, None, ""
     for lo, hi in chunks:
-        a, e, finite = kept or _as_float64(flat_a, flat_e, lo, hi)
-        if finite is None:
-            diff, magnitude = np.abs(a - e), np.abs(e)
-        else:
-            with np.errstate(invalid="ignore"):  # inf - inf where both sides agree on an inf
-                diff = np.where(finite, np.abs(a - e), 0.0)
-            magnitude = np.abs(np.where(finite, e, 0.0))
-        allowed = magnitude + scale
-        allowed *= rtol
+        diff, magnitude, finite = kept or _differences(flat_a, flat_e, lo, hi)[:3]
+        if finite is not None:
+            diff, magnitude = np.where(finite, diff, 0.0), np.where(finite, magnitude, 0.0)
+        allowed = magnitude * rtol  # rtol * (|expected| + scale), in an order that stays finite
+        allowed += scale * rtol
         max_abs = max(max_abs, float(diff.max()))
-        max_rel = max(max_rel, float((diff / np.maximum(magnitude, np.finfo(np.float64).tiny)).max()))
+        relative = np.maximum(magnitude, np.finfo(np.float64).tiny)
+        np.divide(diff, relative, out=relative)
+        max_rel = max(max_rel, float(relative.max()))
         bad = diff > allowed
-        bad_count += int(bad.sum())
-        if first is None and bad.any():
+        count = int(np.count_nonzero(bad))
+        bad_count += count
+        if first is None and count:
             i = int(np.argmax(bad))
             first = lo + i
-            detail = f"{float(a[i]):.9g} vs {float(e[i]):.9g} (allowed {float(allowed[i]):.3g})"
+            detail = f"{float(flat_a[first]):.9g} vs {float(flat_e[first]):.9g} (allowed {float(allowed[i]):.3g})"
     if bad_count:
         return VerifyReport(False, max_abs, max_rel, ("", where(first)),
                             f"{bad_count} element(s) off; at {where(first)}: {detail}")
     return VerifyReport(True, max_abs, max_rel)
 
 
-def _as_float64(flat_a: np.ndarray, flat_e: np.ndarray, lo: int, hi: int):
-    """(actual, expected, where both are finite) of elements lo:hi in float64; the mask is None when every
-    element of both is finite."""
-    a, e = flat_a[lo:hi].astype(np.float64), flat_e[lo:hi].astype(np.float64)
+def _differences(flat_a: np.ndarray, flat_e: np.ndarray, lo: int, hi: int):
+    """(|actual - expected|, |expected|, where both are finite, the sum of |expected|) of elements lo:hi in
+    float64; the mask is None when every element of both is finite. Finite sums tell that without a
+    mask: float32 values cannot overflow a float64 sum, and one NaN or inf makes a sum NaN or inf (a
+    float64 sum that overflows takes the exact path, with the same answer)."""
+    a = flat_a[lo:hi]
+    magnitude = flat_e[lo:hi].astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf where both sides agree on an inf
+        diff = np.subtract(a, magnitude, dtype=np.float64)
+    np.abs(diff, out=diff)
+    np.abs(magnitude, out=magnitude)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf + -inf is NaN: not finite, as wanted
+        magnitude_sum, actual_sum = float(magnitude.sum()), float(np.add.reduce(a, dtype=np.float64))
+    if np.isfinite(magnitude_sum) and np.isfinite(actual_sum):
+        return diff, magnitude, None, magnitude_sum
     finite = np.isfinite(a)
-    finite &= np.isfinite(e)
-    return a, e, None if finite.all() else finite
+    finite &= np.isfinite(magnitude)
+    return diff, magnitude, finite, magnitude_sum
