@@ -3,13 +3,15 @@
     PYTHONPATH=. python benchmarks/costmodel_eval.py [--per-workload 50] [--minutes M] [--workloads URI|GLOB ...]
         [--preset small] [--max-steps 6] [--store PATH] [--threads 1] [--no-collect] [--export DIR]
         [--dataset DIR] [--save DIR] [--members 5] [--faithfulness N] [--records FILE] [--out NAME]
+        [--collect-only]
 
 1. Collection (resumable): `--per-workload` programs of every suite workload at `--preset` (the start
    program and programs reached by seeded random walks of 1 to `--max-steps` actions) are measured at
    `--threads` into the store (default benchmarks/results/costmodel_store.sqlite for `small`,
    costmodel_store_<preset>.sqlite for another preset; outside git), workloads in a seeded random order so
    that a run stopped by `--minutes` still spans the families; a rerun skips what is stored. Time it on a
-   quiet machine: these runtimes are the labels. `--records FILE.jsonl.gz` carries the collection between
+   quiet machine: these runtimes are the labels; `--collect-only` stops after collecting (a collection
+   spread over several runs is evaluated once). `--records FILE.jsonl.gz` carries the collection between
    machines that do not last: imported into the store first, written back (without features, which are
    computed again from the programs) after; it is small enough for git (benchmarks/data/).
 2. Evaluation: whole workload families are held out (`dataset.split_families`, 20%, seed 0); the model is
@@ -144,6 +146,8 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--save", type=Path, default=None)
     parser.add_argument("--no-collect", action="store_true", help="evaluate on the store as it is")
+    parser.add_argument("--collect-only", action="store_true", help="collect (and keep --records, --export), "
+                        "then stop: a collection spread over several runs evaluates once, at its end")
     parser.add_argument("--export", type=Path, default=None, help="export the store as a parquet dataset here")
     parser.add_argument("--dataset", type=Path, default=None, help="evaluate on this exported dataset alone")
     parser.add_argument("--faithfulness", type=int, default=0, help="held-out workloads for the model-mode check")
@@ -175,6 +179,9 @@ def main() -> None:
                 print(f"kept {store.export(args.records, features=False)} records in {args.records}")
             if args.export is not None:
                 print(f"exported {export_dataset(store, args.export)} programs to {args.export}")
+            if args.collect_only:
+                print(f"{new} new records in {time.time() - start:.0f} s; the store holds {len(store)} records")
+                return
             feats, y, groups = load_dataset(store)
             spread, load_low, load_high = label_noise(store, sorted(set(groups)))
     else:
