@@ -3,7 +3,8 @@
 Every row a generator writes, an exporter keeps or an importer accepts is checked the same way:
 `measure(..., timing=False, opt_level=VERIFY_OPT_LEVEL)` builds the program in an isolated worker (a crash
 or hang is a result) and compares it with the reference here. Parallel checks each get their own worker
-process.
+process, which builds nest by nest and keeps what it compiled (`measure.nest_build`): the rows of one
+workload share most of their nests, so a row's check compiles the nests it changed and little else.
 """
 from __future__ import annotations
 

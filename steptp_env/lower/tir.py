@@ -87,6 +87,22 @@ def lower(program: Program, target: str | tvm.target.Target = "llvm", tvm_form: 
     return tvm.IRModule({"main": func})
 
 
+def lower_by_nest(program: Program) -> list[tuple[tirx.PrimFunc, tuple[str, ...]]]:
+    """The CPU lowering of `program` cut at its nests: one PrimFunc `nest` per nest, in program order, with
+    the names of the tensors it takes (signature tensors and intermediates other nests touch too; an
+    intermediate of this nest alone is allocated inside it, placed as `lower` places it). Run in order on
+    shared arrays, the functions compute what `lower`'s `main` computes: each holds the very blocks `main`
+    holds for its nest. Functions of equal structure are the same code whatever their tensors are called,
+    so a program that differs from another in a few nests can reuse the compiled rest
+    (`measure.build.build_by_nest`)."""
+    try:
+        return _FunctionBuilder(program, "llvm").build_parts()
+    except LoweringError:
+        raise
+    except Exception as exc:  # TVM's IR builder raises several error types
+        raise LoweringError(f"TVM rejected the lowered program: {exc}") from exc
+
+
 def placement(program: Program, name: str) -> tuple[tuple | None, int]:
     """Where intermediate `name` can live and how many bytes it needs there: a loop (a `_keyed_equations`
     key) inside which every iteration can have a fresh tile, and the bytes one iteration touches; (None, the
@@ -177,14 +193,36 @@ class _FunctionBuilder:
 
     # -- function and buffers ------------------------------------------------------------------------
     def build(self) -> tirx.PrimFunc:
+        return self._function("main", [spec.name for spec in self.program.signature.tensors],
+                              self.program.intermediates, range(len(self.program.nests)))
+
+    def build_parts(self) -> list[tuple[tirx.PrimFunc, tuple[str, ...]]]:
+        """`lower_by_nest`: one function per nest, built in order so that what one nest has written (fresh
+        accumulations, `_equation`) is known to the next, as in `build`."""
+        program = self.program
+        touched = [{acc.name for _, eq in equations(nest)
+                    for acc in (eq.lhs, *accesses(eq.rhs), *(a for i in eq.lhs.indices for a in accesses(i)))}
+                   for nest in program.nests]
+        parts = []
+        for n, names in enumerate(touched):
+            shared = {name for m, other in enumerate(touched) if m != n for name in other}
+            params = tuple(name for name in program.tensors
+                           if name in names and (name in program.signature or name in shared))
+            local = {name: info for name, info in program.intermediates.items() if name in names and name not in params}
+            parts.append((self._function("nest", params, local, [n]), params))
+        return parts
+
+    def _function(self, symbol: str, params, intermediates, nests) -> tirx.PrimFunc:
+        """A function `symbol` taking `params` (tensor names), allocating `intermediates`, running `nests`."""
+        self.buffers = {}
         with IRBuilder() as ib:
             with T.prim_func(s_tir=True):
-                T.func_name("main")
+                T.func_name(symbol)
                 T.func_attr({"tirx.noalias": True})
-                for spec in self.program.signature.tensors:
-                    buf = T.arg(spec.name, T.buffer(spec.shape, spec.dtype))
-                    self.buffers[spec.name] = buf
-                for name, info in self.program.intermediates.items():
+                for param in params:
+                    info = self.program.tensors[param]
+                    self.buffers[param] = T.arg(param, T.buffer(info.shape, info.dtype))
+                for name, info in intermediates.items():
                     key, size = placement(self.program, name) if self.kind == "llvm" and info.scope == "l" \
                         else (None, 0)
                     if key is not None and size <= LOCAL_SCOPE_LIMIT_BYTES:
@@ -193,8 +231,8 @@ class _FunctionBuilder:
                     buf = T.alloc_buffer(info.shape, info.dtype, scope=self._scope(info))
                     IRBuilder.name(name, buf)
                     self.buffers[name] = buf
-                for n, nest in enumerate(self.program.nests):
-                    self._nest(n, nest, (), [0], (n,))
+                for n in nests:
+                    self._nest(n, self.program.nests[n], (), [0], (n,))
         return ib.get()
 
     def _scope(self, info) -> str:

@@ -195,8 +195,9 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     the same way. `beside` runs here while the worker builds (`MeasureWorker.call`): the caller's work on
     the program that does not wait for its runtime, overlapped with the build. `opt_level` (LLVM's, with
     `timing=False` only: a timed kernel is always built as the measurement protocol builds it, at TVM's
-    default 3) builds a kernel whose semantics alone are checked. Never raises for a bad program: failures
-    come back with `error` set."""
+    default 3) builds a kernel whose semantics alone are checked; on this machine's CPU it is built nest by
+    nest, reusing the nests the worker compiled for earlier checks (`nest_build`). Never raises for a bad
+    program: failures come back with `error` set."""
     if opt_level is not None and (timing or library is not None):
         raise ValueError("opt_level is for untimed checks of a program built here (timing=False, no library)")
     protocol = protocol or Protocol()
@@ -207,6 +208,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     m = Measurement(program.leir, target if remote is None else f"{target}@{remote.url}", protocol,
                     versions=versions())
     key = kernel_key(program, target if remote is None else f"{target}@{remote.url}")
+    by_nest = opt_level is not None and remote is None and target.split()[0] == "llvm"
     if opt_level is not None:
         key += f"/O{opt_level}"  # never the timed O3 kernel of the same program
     signature = program.signature.to_json()
@@ -221,7 +223,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
     phase = "build"
     try:
         if library is None:
-            m.build_s = worker.call(_build, key, program.leir, signature, target, opt_level,
+            m.build_s = worker.call(_build, key, program.leir, signature, target, opt_level, by_nest,
                                     timeout=protocol.build_timeout, beside=meanwhile)
         else:
             key = f"{key}/library:{Path(library).resolve()}"
@@ -235,7 +237,7 @@ def measure(program: Program, workload: Reference, target: str = "llvm", protoco
         if isinstance(workload, Program) and remote is None:  # a reference program runs in the worker too
             phase = "build of the reference program"
             worker.call(_build, key + "/reference", workload.leir, workload.signature.to_json(), target, opt_level,
-                        timeout=protocol.build_timeout)
+                        by_nest, timeout=protocol.build_timeout)
             run_reference = lambda inputs: worker.call(_run, key + "/reference", [inputs],  # noqa: E731
                                                        timeout=protocol.run_timeout)[0][0]
         phase = "verification run"

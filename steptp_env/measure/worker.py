@@ -68,18 +68,22 @@ def _serve(fn, args, limit: int) -> Any:
     return _pack(fn(*_unpack(args)), limit)
 
 
-def _build(key: str, leir: str, signature: list, target: str, opt_level: int | None = None) -> float:
+def _build(key: str, leir: str, signature: list, target: str, opt_level: int | None = None,
+           by_nest: bool = False) -> float:
     """Child side: parse, lower, compile (at LLVM level `opt_level`, 3 when None) and (on the CPU) JIT-link
     the entry function; returns the seconds it took. The link (LLVM's machine-code generation, as long as the
     build for heavy programs) is done here rather than at the first run, so that the caller's work beside the
-    build (`MeasureWorker.call`) overlaps it too."""
+    build (`MeasureWorker.call`) overlaps it too. `by_nest`: a kernel for checks, compiled nest by nest
+    with the nests this child compiled before reused (`nest_build`)."""
     import time
 
     from ..ir.program import Program
     from .build import build
+    from .nest_build import build_by_nest
 
     start = time.perf_counter()
-    _KERNELS[key] = build(Program.parse(leir, signature), target, opt_level)
+    program = Program.parse(leir, signature)
+    _KERNELS[key] = build_by_nest(program, opt_level) if by_nest else build(program, target, opt_level)
     _KERNELS[key].link()
     while len(_KERNELS) > _KEEP:  # memory stays bounded; requests of concurrent callers stay apart
         _KERNELS.popitem(last=False)
