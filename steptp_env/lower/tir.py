@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Union
@@ -203,12 +204,13 @@ class _FunctionBuilder:
         touched = [{acc.name for _, eq in equations(nest)
                     for acc in (eq.lhs, *accesses(eq.rhs), *(a for i in eq.lhs.indices for a in accesses(i)))}
                    for nest in program.nests]
+        nests_touching = Counter(name for names in touched for name in names)
         parts = []
         for n, names in enumerate(touched):
-            shared = {name for m, other in enumerate(touched) if m != n for name in other}
             params = tuple(name for name in program.tensors
-                           if name in names and (name in program.signature or name in shared))
-            local = {name: info for name, info in program.intermediates.items() if name in names and name not in params}
+                           if name in names and (name in program.signature or nests_touching[name] > 1))
+            local = {name: info for name, info in program.intermediates.items()
+                     if name in names and name not in params}
             parts.append((self._function("nest", params, local, [n]), params))
         return parts
 
