@@ -31,7 +31,7 @@ CROSS_NEST = [
 ]
 
 
-def _programs_of(uri: str, per_strategy: int = 1) -> list[Program]:
+def _programs_of(uri: str) -> list[Program]:
     """A suite workload's start program and the programs its strategies' first candidates make of it."""
     start = get_workload(uri, preset="tiny").program
     found = {}

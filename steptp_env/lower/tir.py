@@ -78,14 +78,8 @@ def lower(program: Program, target: str | tvm.target.Target = "llvm", tvm_form: 
     `T.init()` (MetaSchedule's rules decompose reductions themselves) and TVM's math intrinsics instead of
     `vector_math` (its analyses, e.g. the flop estimator, reject `Let`). What steptp_env builds and measures
     is always the default form."""
-    kind = target_kind(target)
-    try:
-        func = _FunctionBuilder(program, kind, tvm_form).build()
-    except LoweringError:
-        raise
-    except Exception as exc:  # TVM's IR builder raises several error types
-        raise LoweringError(f"TVM rejected the lowered program: {exc}") from exc
-    return tvm.IRModule({"main": func})
+    builder = _FunctionBuilder(program, target_kind(target), tvm_form)
+    return tvm.IRModule({"main": _rejections_as_lowering_errors(builder.build)})
 
 
 def lower_by_nest(program: Program) -> list[tuple[tirx.PrimFunc, tuple[str, ...]]]:
@@ -95,12 +89,17 @@ def lower_by_nest(program: Program) -> list[tuple[tirx.PrimFunc, tuple[str, ...]
     shared arrays, the functions compute what `lower`'s `main` computes: each holds the very blocks `main`
     holds for its nest. Functions of equal structure are the same code whatever their tensors are called,
     so a program that differs from another in a few nests can reuse the compiled rest
-    (`measure.build.build_by_nest`)."""
+    (`measure.nest_build.build_by_nest`)."""
+    return _rejections_as_lowering_errors(_FunctionBuilder(program, "llvm").build_parts)
+
+
+def _rejections_as_lowering_errors(build):
+    """`build()`, with whatever TVM's IR builder raises (several error types) turned into a `LoweringError`."""
     try:
-        return _FunctionBuilder(program, "llvm").build_parts()
+        return build()
     except LoweringError:
         raise
-    except Exception as exc:  # TVM's IR builder raises several error types
+    except Exception as exc:
         raise LoweringError(f"TVM rejected the lowered program: {exc}") from exc
 
 
