@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/costmodel_eval.py [--per-workload 50] [--minutes M] [--workloads URI|GLOB ...]
         [--preset small] [--max-steps 6] [--store PATH] [--threads 1] [--no-collect] [--export DIR]
         [--dataset DIR] [--save DIR] [--members 5] [--faithfulness N] [--records FILE] [--out NAME]
-        [--collect-only]
+        [--collect-only] [--ceiling N]
 
 1. Collection (resumable): `--per-workload` programs of every suite workload at `--preset` (the start
    program and programs reached by seeded random walks of 1 to `--max-steps` actions) are measured at
@@ -24,10 +24,14 @@
    in model mode with the model trained without them (budget 32 predictions); each final program's
    predicted speedup over the start program is set against its measured one (`measure_pair`, start and
    final interleaved); Spearman over all (workload, agent) finals.
-4. With --export DIR the store's programs are exported as a parquet dataset with its card
+4. Label reproducibility (`--ceiling N`, from the store): N stored programs of each held-out workload are
+   timed again, each by a fresh build, and those timings are scored against the labels like a model's
+   predictions: the most any model can reach on these labels, reported beside the model's scores on the
+   same programs.
+5. With --export DIR the store's programs are exported as a parquet dataset with its card
    (`costmodel.export`); with --dataset DIR nothing is collected and the evaluation reads that export
    alone (no store needed), which is how the figures are reproduced elsewhere.
-5. With --save DIR the model trained on every program is saved there (how the packaged default model is
+6. With --save DIR the model trained on every program is saved there (how the packaged default model is
    made), with the held-out figures in its metadata.
 Writes benchmarks/results/costmodel_eval.md and .json (costmodel_eval_<out>.* with `--out`; a hand-written
 "## Notes" section is kept).
@@ -103,6 +107,42 @@ def faithfulness(model: CostModel, uris: list[str], protocol: Protocol, preset: 
     return {"spearman": None if rho is None else float(rho), "finals": finals}
 
 
+def label_ceiling(store: ResultStore, model: CostModel, uris: list[str], per_workload: int, protocol: Protocol,
+                  preset: str) -> dict:
+    """How far the labels themselves can be ranked: `per_workload` stored programs of each held-out workload
+    (a seeded sample) timed again now, each by a fresh build, and the second timings scored against the
+    stored labels as if they were a model's predictions. No model can order the labels' pairs more reliably
+    than another measurement of the same programs does; the model's scores on the same programs stand
+    beside it."""
+    from steptp_env.costmodel.dataset import record_features
+    from steptp_env.ir.program import Program
+    from steptp_env.measure import measure
+    from steptp_env.workloads import get_workload
+
+    rng = random.Random(0)
+    labels, again, rows, groups = [], [], [], []
+    for uri in uris:
+        latest = {r["measurement"]["leir"]: r for r in store.records(uri, ok_only=True)}
+        chosen = rng.sample(sorted(latest), min(per_workload, len(latest)))
+        wl = get_workload(uri, preset=preset)
+        for leir in chosen:
+            record = latest[leir]
+            found = record_features(store, record)
+            m = measure(Program.parse(leir, wl.program.signature.to_json()), wl, "llvm", protocol)
+            if found is None or not m.ok:
+                continue
+            labels.append(record["measurement"]["median_s"])
+            again.append(m.median_s)
+            rows.append(found.rows)
+            groups.append(uri)
+    labels, again = np.asarray(labels), np.asarray(again)
+    ratio = np.abs(np.log(again / labels))
+    return {"programs": len(labels), "workloads": len(set(groups)), "per_workload": per_workload,
+            "remeasured": scores(again, labels, groups), "model": scores(model.predict(rows)[0], labels, groups),
+            "abs_log_ratio_median": float(np.median(ratio)), "abs_log_ratio_p90": float(np.percentile(ratio, 90)),
+            "load": os.getloadavg()[0]}
+
+
 def only(rows: np.ndarray, kind: float | None) -> np.ndarray:
     """The rows of one kind (0 TIR stores, 1 LEIR equations), or all of them."""
     return rows if kind is None else rows[rows[:, 0] == kind]
@@ -151,6 +191,8 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None, help="export the store as a parquet dataset here")
     parser.add_argument("--dataset", type=Path, default=None, help="evaluate on this exported dataset alone")
     parser.add_argument("--faithfulness", type=int, default=0, help="held-out workloads for the model-mode check")
+    parser.add_argument("--ceiling", type=int, default=0, help="programs per held-out workload timed again to "
+                        "score the labels against themselves (needs the store and a quiet machine)")
     parser.add_argument("--records", type=Path, default=None, help="a lean copy of the store (JSON lines, "
                         ".gz) imported before collecting and rewritten after: commit it to go on elsewhere")
     parser.add_argument("--out", default="", help="suffix of the result files")
@@ -206,6 +248,10 @@ def main() -> None:
         results[f"ablation: {name}"] = scores(ablation.predict([only(feats[i].rows, kind) for i in test_ix])[0],
                                               y[test_ix], test_groups)
     faithful = faithfulness(model, test_uris[:args.faithfulness], protocol, args.preset) if args.faithfulness else None
+    ceiling = None
+    if args.ceiling and args.dataset is None:
+        with ResultStore(args.store) as store:
+            ceiling = label_ceiling(store, model, test_uris, args.ceiling, protocol, args.preset)
     if args.save:
         packaged = CostModel(members=args.members, seed=0).fit([f.rows for f in feats], y, groups)
         packaged.meta.update(version=__version__, protocol=protocol.key, preset=args.preset,
@@ -218,7 +264,7 @@ def main() -> None:
                "protocol": protocol.key,
                "collect_s": round(collected - start), "total_s": round(time.time() - start),
                "label_iqr": spread, "label_load": [load_low, load_high], "results": results,
-               "faithfulness": faithful, "load_at_end": os.getloadavg()[0]}
+               "faithfulness": faithful, "label_ceiling": ceiling, "load_at_end": os.getloadavg()[0]}
     (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = ["# Cost model on held-out workload families", "",
              f"Written by `benchmarks/costmodel_eval.py`. {len(y)} measured programs of {len(uris)} workloads at "
@@ -238,6 +284,16 @@ def main() -> None:
         lines += ["", f"Model-mode faithfulness: Spearman {fmt(faithful['spearman'])} between predicted and measured "
                   f"speedups of {len(faithful['finals'])} final programs (greedy and beam, 32 predictions, on "
                   f"{args.faithfulness} held-out workloads; the finals are in {stem}.json)."]
+    if ceiling is not None:
+        again, own = ceiling["remeasured"], ceiling["model"]
+        lines += ["", f"Label reproducibility: {ceiling['programs']} held-out programs ({ceiling['per_workload']} per "
+                  f"workload, seeded) timed again by fresh builds (load {ceiling['load']:.2f} at the end) differ "
+                  f"from their labels by a median {ceiling['abs_log_ratio_median']:.1%} in log "
+                  f"(90th percentile {ceiling['abs_log_ratio_p90']:.1%}). Scored against the labels, the second "
+                  f"timings reach pairwise accuracy {fmt(again['pairwise_5pct'])}, Kendall tau "
+                  f"{fmt(again['kendall_tau'])}, a-peak@5 {fmt(again['a_peak_5'])}: what a perfect model of the "
+                  f"programs' runtimes would score on these labels. The model on the same programs: "
+                  f"{fmt(own['pairwise_5pct'])}, {fmt(own['kendall_tau'])}, {fmt(own['a_peak_5'])}."]
     lines += ["", "Targets (issue 19): pairwise accuracy >= 0.85, a-peak@5 >= 0.95, Kendall tau >= 0.6; "
               "Spearman >= 0.8 for the faithfulness check.", "",
               "Held-out workloads: " + ", ".join(test_uris) + "."]

@@ -170,5 +170,7 @@ def test_collect_train_export_and_the_cli_on_a_real_store(tmp_path):
     assert result.exit_code == 0 and "pairwise_accuracy" in result.output
     result = runner.invoke(app, ["costmodel", "export", str(tmp_path / "e2"), "--store", str(tmp_path / "s.sqlite")])
     assert result.exit_code == 0 and (tmp_path / "e2" / "data.parquet").exists()
+    again, y_again, _ = load_exported(tmp_path / "e2")  # 10 rows: the retimed program once, as load_dataset has it
+    assert len(again) == 9 and sorted(y_again) == sorted(y_all)
     empty = runner.invoke(app, ["costmodel", "export", str(tmp_path / "e3"), "--store", str(tmp_path / "none.sqlite")])
     assert empty.exit_code != 0 and "has no measured programs" in " ".join(empty.output.split())

@@ -89,11 +89,19 @@ def export_dataset(store: ResultStore, directory: Path | str) -> int:
 
 
 def load_exported(directory: Path | str) -> tuple[list[Features], np.ndarray, list[str]]:
-    """(features, runtimes in seconds, workload per program) of an exported dataset."""
+    """(features, runtimes in seconds, workload per program) of an exported dataset: what
+    `dataset.load_dataset` gives from the store it was exported from. A program timed again (another row of
+    the same workload, program and protocol; rows are in the store's order) counts once, with its latest
+    timing, as there."""
     import datasets
 
     table = datasets.Dataset.from_parquet(str(Path(directory) / "data.parquet"))
-    found = [Features.from_json(json.loads(text)) for text in table["features"]]
+    latest: dict[tuple, int] = {}  # in the order programs first appear, as `load_dataset` orders them
+    for row, key in enumerate(zip(table["workload"], table["program"], table["protocol"])):
+        latest[key] = row
+    rows = list(latest.values())
+    features_text, runtimes, workloads = table["features"], table["runtime_s"], table["workload"]
+    found = [Features.from_json(json.loads(features_text[row])) for row in rows]
     if any(f is None for f in found):
         raise ValueError(f"{directory} holds features of another version than v{FEATURE_VERSION}")
-    return found, np.asarray(table["runtime_s"], np.float64), list(table["workload"])
+    return found, np.asarray([runtimes[row] for row in rows], np.float64), [workloads[row] for row in rows]
