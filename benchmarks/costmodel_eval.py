@@ -129,8 +129,10 @@ def label_ceiling(store: ResultStore, model: CostModel, uris: list[str], per_wor
         for leir in chosen:
             record = latest[leir]
             found = record_features(store, record)
+            if found is None:
+                continue
             m = measure(Program.parse(leir, wl.program.signature.to_json()), wl, "llvm", protocol)
-            if found is None or not m.ok:
+            if not m.ok:
                 continue
             labels.append(record["measurement"]["median_s"])
             again.append(m.median_s)
