@@ -123,7 +123,9 @@ def label_ceiling(store: ResultStore, model: CostModel, uris: list[str], per_wor
     rng = random.Random(0)
     labels, again, rows, groups = [], [], [], []
     for uri in uris:
-        latest = {r["measurement"]["leir"]: r for r in store.records(uri, ok_only=True)}
+        latest = {r["measurement"]["leir"]: r for r in store.records(uri, ok_only=True)  # this protocol's labels
+                  if r["measurement"]["target"] == "llvm"
+                  and Protocol(**r["measurement"]["protocol"]).key == protocol.key}
         chosen = rng.sample(sorted(latest), min(per_workload, len(latest)))
         wl = get_workload(uri, preset=preset)
         for leir in chosen:
