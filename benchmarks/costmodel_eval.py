@@ -52,7 +52,7 @@ import xgboost
 
 from steptp_env import __version__
 from steptp_env.costmodel import CostModel, a_peak_at_k, kendall_tau, p_rmse, pairwise_accuracy
-from steptp_env.costmodel.dataset import collect, load_dataset, split_families
+from steptp_env.costmodel.dataset import collect, latest_records, load_dataset, record_features, split_families
 from steptp_env.costmodel.export import export_dataset, load_exported
 from steptp_env.measure import Protocol, ResultStore
 from steptp_env.workloads import SPECS, list_workloads
@@ -115,7 +115,6 @@ def label_ceiling(store: ResultStore, model: CostModel, uris: list[str], per_wor
     program's runtime exactly would score on these labels (the second timings carry noise of their own),
     so a model scoring well below it is short of the labels, not stopped by them. The model's scores on the
     same programs stand beside it."""
-    from steptp_env.costmodel.dataset import record_features
     from steptp_env.ir.program import Program
     from steptp_env.measure import measure
     from steptp_env.workloads import get_workload
@@ -123,7 +122,7 @@ def label_ceiling(store: ResultStore, model: CostModel, uris: list[str], per_wor
     rng = random.Random(0)
     labels, again, rows, groups = [], [], [], []
     for uri in uris:
-        latest = {r["measurement"]["leir"]: r for r in store.records(uri, ok_only=True)  # this protocol's labels
+        latest = {r["measurement"]["leir"]: r for r in latest_records(store, [uri])  # this protocol's labels
                   if r["measurement"]["target"] == "llvm"
                   and Protocol(**r["measurement"]["protocol"]).key == protocol.key}
         chosen = rng.sample(sorted(latest), min(per_workload, len(latest)))

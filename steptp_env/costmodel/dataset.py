@@ -84,20 +84,28 @@ def measure_into(store: ResultStore, uri: str, program: Program, workload: Workl
     return True
 
 
-def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[list[Features], np.ndarray,
-                                                                                 list[str]]:
-    """(each program's features, runtimes in seconds, workload per program) of the store's
-    successful records; missing features, or features of another version, are computed again
-    (`record_features`; records of an unknown workload are left out). A program timed again under another
-    measurement context (newer code, an imported collection) counts once, with its latest timing."""
+def latest_records(store: ResultStore, uris: Iterable[str] | None = None) -> list[dict]:
+    """The store's successful records of known workloads (of `uris`), one per (workload, program, target,
+    protocol): the latest, so a program timed again under another measurement context (newer code, an
+    imported collection) counts once; in the order the store first met each."""
     wanted = None if uris is None else set(uris)
     latest: dict[tuple, dict] = {}
     for record in store.records(ok_only=True):
         uri, m = record["workload"], record["measurement"]
         if uri is not None and (wanted is None or uri in wanted):
             latest[uri, m["leir"], m["target"], json.dumps(m["protocol"], sort_keys=True)] = record
+    return list(latest.values())
+
+
+def load_dataset(store: ResultStore, uris: Iterable[str] | None = None) -> tuple[list[Features], np.ndarray,
+                                                                                 list[str]]:
+    """(each program's features, runtimes in seconds, workload per program) of the store's
+    successful records; missing features, or features of another version, are computed again
+    (`record_features`; records of an unknown workload are left out). A program timed again under another
+    measurement context (newer code, an imported collection) counts once, with its latest timing
+    (`latest_records`)."""
     found_features, y, groups = [], [], []
-    for record in latest.values():
+    for record in latest_records(store, uris):
         uri = record["workload"]
         found = record_features(store, record)
         if found is None:
