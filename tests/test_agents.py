@@ -260,10 +260,16 @@ def test_pytorch_is_timed_with_the_allocator_at_its_steady_state():
     every call page-faults on its output; `steady_allocator` (which `torch_seconds` calls) stops that."""
     if not ctypes.util.find_library("c") or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt"):
         pytest.skip("not glibc")
-    run = subprocess.run([sys.executable, "-c", STEADY_ALLOCATOR_PROBE], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent, timeout=120, check=True)
-    before, changed, after = run.stdout.split()
-    assert float(before) > 200 and changed == "True" and float(after) < 10, run.stdout
+    outputs = []
+    for _ in range(3):  # the faulting state is set up by the OS's mmap; once in a full suite it was not (0 faults)
+        run = subprocess.run([sys.executable, "-c", STEADY_ALLOCATOR_PROBE], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent.parent, timeout=120, check=True)
+        before, changed, after = run.stdout.split()
+        outputs.append(run.stdout.strip())
+        if float(before) > 200:
+            break
+    assert float(before) > 200, f"the probe never reached the faulting state: {outputs}"
+    assert changed == "True" and float(after) < 10, outputs
 
 
 class CountingModule(torch.nn.Module):
