@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from steptp_env.costmodel import CostModel, Features, FEATURE_VERSION, a_peak_at_k, features, kendall_tau, \
-    leir_features, p_rmse, pairwise_accuracy
+    p_rmse, pairwise_accuracy
 from steptp_env.costmodel.features import PER_STORE, ROW_WIDTH, SIZE
 from steptp_env.costmodel.loop_features import EQUATION_FEATURES, ROW_SIZE, equation_rows
 from steptp_env.costmodel.model import ranking_pairs

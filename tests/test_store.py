@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 from steptp_env import Program
 from steptp_env.measure import Protocol

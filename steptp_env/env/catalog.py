@@ -10,7 +10,7 @@ means the same strategy, and within it "the r-th site/parameter choice". Candida
 The meaning of a rank is the strategies' menus, so a change of menu is a new catalog version and a new
 environment id. v0 (32 slots) had the narrow loop menus of the first release; v1 (64 slots) has independent
 tile pairs, splits up to 64, unrolling up to 64 and "move a loop anywhere" reorders
-(strategies/loops.py), local accumulator tiles (`cache_read_write` with `at`, listed after the
+(strategies/loops.py and loop_kinds.py), local accumulator tiles (`cache_read_write` with `at`, listed after the
 strategy's whole-nest forms), blocked layouts (`layout_transformation`: the innermost loop's dimension
 as vector lanes, packed or in place) and padded copies (listed after a nest's other layouts); v1 is
 unreleased until 0.4.0, so it grows with that release. A v0 id is refused with this explanation rather

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 import json
 import math
 import string

@@ -1,7 +1,7 @@
 """The atomic strategies: `Action`, the registry, `candidates`, `apply_action`, `identify`."""
 # importing a module registers its strategies
-from . import (loops, memory, layouts, cache_read_write, reduction_factorization, graph, algebraic,  # noqa: F401
-               online, value_splits, shared_then_correct, tensor_split_concat, eliminations)
+from . import (loops, loop_kinds, memory, layouts, cache_read_write, reduction_factorization, graph,  # noqa: F401
+               algebraic, online, value_splits, shared_then_correct, tensor_split_concat, eliminations)
 from .base import (REGISTRY, STRATEGY_NAMES, Action, Strategy, apply_action, candidates, code_digest, get_strategy,
                    random_chain)
 from .identify import canonical_text, identify

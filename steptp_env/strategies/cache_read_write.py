@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..errors import IllegalActionError
 from ..ir.analysis import iteration_span, writes
 from ..ir.ast import Access, Equation, Loop, Nest, Var, accesses, all_loops
 from ..ir.program import Program

@@ -1,226 +1,30 @@
-"""Loop strategies: reorder, tiling, split, fusion, unrolling, parallelization, vectorization, binding.
+"""Loop strategies that restructure a band: split, reorder, tiling, fusion.
 
-They work on one *band* at a time: the loop tuple of a top-level nest or of an inner nest. Legality comes
-from `loop_deps.band_dependences` (which loops carry dependences, and which of those only carry
-reductions); the shapes of the results follow the Step-TP reference (`L^{4}_{h=0}B^{4}_{tx=0}` with
-subscripts `h*4+tx` after a split, `bya` for a loop bound to blockIdx.y, ...).
+Legality comes from `loop_deps.band_dependences` (which loops carry dependences, and which of those only
+carry reductions); the shapes of the results follow the Step-TP reference (`L^{4}_{h=0}B^{4}_{tx=0}`
+with subscripts `h*4+tx` after a split). The strategies that change a loop's kind are in `loop_kinds`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from dataclasses import replace
+from typing import Iterator
 
-from ..errors import IllegalActionError, StepTPError
-from ..ir.ast import (And, BinOp, Compare, Const, Equation, Expr, Loop, Neg, Nest, Var, accesses,
-                      all_loops, children, equations, free_vars, map_children, rename_var)
-from ..ir.canonical import AXIS_PREFIXES
+from ..errors import IllegalActionError
+from ..ir.ast import (BinOp, Const, Expr, Loop, Nest, Var, accesses, all_loops, children, equations, free_vars,
+                      map_children)
 from ..ir.program import Program
 from .base import Action, Strategy, register
-from .loop_deps import BandDependences, affine, band_dependences
+from .loop_kinds import MAX_VECTOR, check_axis_limits
+from .loop_sites import (Band, access_pattern, band_of, band_pairs, bands, changed_nest, first_difference, int_param,
+                         listed, loop_site, map_body, replace_band, substitute, trip_count, var_list, with_nest)
 from .util import factor_menu, fresh_loop_var, nest_at, tile_menu
 
-GPU_AXES = AXIS_PREFIXES
-"""Bound-loop name prefixes, as the lowering reads them (`bya` is blockIdx.y)."""
-AXIS_LIMITS = {"bx": 2 ** 31 - 1, "by": 65535, "bz": 65535, "tx": 1024, "ty": 1024, "tz": 64}
-MAX_THREADS = 1024
-"""CUDA's limit on the threads of one block (product of the threadIdx extents of a nest)."""
 MAX_REORDERS = 32
 """Most orders `loop_reorder` offers per band (one catalog slot each)."""
 MAX_SPLIT = 64
 SPLITS_PER_LOOP = 8
 """`loop_split` offers up to SPLITS_PER_LOOP divisors of a loop's extent, none above MAX_SPLIT."""
-MAX_UNROLL = 64
-"""Largest extent `loop_unrolling` offers, and most copies of the innermost body unrolling may make: the
-loop's extent times the iterations of the loops inside it, a vectorized loop counting once (its lanes are
-one vector operation)."""
-MENU_VECTOR = {"llvm": range(2, 65), "cuda": (2, 4)}
-"""Extents `loop_vectorization` offers: up to 64 lanes on llvm; on cuda only 2 and 4, the widths its
-lowering vectorizes (it unrolls other V loops)."""
-MAX_VECTOR = 256
-"""Longest loop `loop_vectorization` accepts: LLVM's compile time explodes on longer vectors with
-shuffled accesses (a reversed 1024-lane copy took 18 s to build, 4096 lanes 97 s); split first."""
-
-
-# -- sites ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Band:
-    """One loop tuple of a nest: where it is (`path` of body positions from the top-level nest), the loops
-    around it and the nest that owns it."""
-
-    path: tuple[int, ...]
-    enclosing: tuple[Loop, ...]
-    nest: Nest
-
-    @property
-    def vars(self) -> tuple[str, ...]:
-        return self.nest.loop_vars
-
-    def deps(self) -> BandDependences:
-        return band_dependences(self.nest, self.enclosing)
-
-    def position(self, var: str) -> int:
-        return self.vars.index(var)
-
-
-def bands(nest: Nest, path: tuple[int, ...] = (), enclosing: tuple[Loop, ...] = ()) -> Iterator[Band]:
-    """Every band of a nest, outermost first."""
-    yield Band(path, enclosing, nest)
-    for i, stmt in enumerate(nest.body):
-        if isinstance(stmt, Nest):
-            yield from bands(stmt, path + (i,), enclosing + nest.loops)
-
-
-def band_of(nest: Nest, var) -> Band:
-    """The band that declares loop `var`; IllegalActionError when there is none."""
-    for band in bands(nest):
-        if var in band.vars:
-            return band
-    names = ", ".join(l.var for l in all_loops(nest))
-    raise IllegalActionError(f"no loop {var!r} in this nest (loops: {names})")
-
-
-def replace_band(nest: Nest, path: tuple[int, ...], new: Nest) -> Nest:
-    """`nest` with the band at `path` replaced by `new`."""
-    if not path:
-        return new
-    body = list(nest.body)
-    body[path[0]] = replace_band(body[path[0]], path[1:], new)
-    return replace(nest, body=tuple(body))
-
-
-def with_nest(program: Program, index: int, nest: Nest) -> Program:
-    nests = list(program.nests)
-    nests[index] = nest
-    try:
-        return program.replace_nests(nests)
-    except StepTPError as exc:  # a transformation must keep the program valid; say which check failed
-        raise IllegalActionError(f"the result is not a valid program: {exc}") from None
-
-
-def map_body(nest: Nest, fn: Callable[[Expr], Expr]) -> Nest:
-    """`nest` with `fn` applied to both sides of every equation, inner nests included."""
-    body = tuple(map_body(s, fn) if isinstance(s, Nest) else Equation(fn(s.lhs), fn(s.rhs)) for s in nest.body)
-    return replace(nest, body=body)
-
-
-def substitute(expr: Expr, var: str, value: Expr, parent: Expr | None = None) -> Expr:
-    """`expr` with loop var `var` replaced by `value`, parenthesised like the reference does: bare as a whole
-    subscript or call argument, in parentheses as an operand (`(j*257+c)+f`)."""
-    if isinstance(expr, Var):
-        if expr.name != var:
-            return expr
-        operand = isinstance(parent, (BinOp, Neg, Compare, And))
-        return replace(value, parens=1) if operand and not isinstance(value, (Var, Const)) else value
-    return map_children(expr, lambda child: substitute(child, var, value, expr))
-
-
-def _int_param(action: Action, name: str) -> int:
-    value = action[name]
-    if not isinstance(value, int):
-        raise IllegalActionError(f"{action.strategy}: {name} must be an integer, got {value!r}")
-    return value
-
-
-def _var_list(action: Action, name: str) -> tuple[str, ...]:
-    value = action[name]
-    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-        raise IllegalActionError(f"{action.strategy}: {name} must be a list of loop names, got {value!r}")
-    return value
-
-
-def _site(program: Program, action: Action) -> tuple[int, Nest, Band, Loop]:
-    index = action["nest"]
-    nest = nest_at(program, index)
-    band = band_of(nest, action["loop"])
-    return index, nest, band, band.nest.loop(action["loop"])
-
-
-def _changed_nest(before: Program, after: Program) -> tuple[int, Nest, Nest] | None:
-    """The only nest that differs between two programs with the same number of nests."""
-    if len(before.nests) != len(after.nests):
-        return None
-    changed = [i for i, (b, a) in enumerate(zip(before.nests, after.nests)) if b != a]
-    return (changed[0], before.nests[changed[0]], after.nests[changed[0]]) if len(changed) == 1 else None
-
-
-def _band_pairs(before: Nest, after: Nest) -> Iterator[tuple[Band, Band]]:
-    """Bands at the same path in two versions of a nest."""
-    found = {b.path: b for b in bands(after)}
-    for band in bands(before):
-        if band.path in found:
-            yield band, found[band.path]
-
-
-def _first_difference(a: tuple[Loop, ...], b: tuple[Loop, ...]) -> int:
-    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-# -- facts used in explanations -----------------------------------------------------------------------
-
-
-def _trip(loops: tuple[Loop, ...], vector_once: bool = False) -> int:
-    return math.prod(1 if vector_once and l.kind == "V" else l.extent for l in loops)
-
-
-def _inner_trip(band: Band, var: str, vector_once: bool = False) -> int:
-    """Iterations of everything a loop runs per iteration: the band loops inside it and the largest
-    inner nest (with `vector_once`, a vectorized loop counts as one iteration)."""
-    inside = _trip(band.nest.loops[band.position(var) + 1:], vector_once)
-    inner = [b for b in bands(band.nest) if b.path]
-    return inside * max((_trip(b.enclosing[len(band.nest.loops):] + b.nest.loops, vector_once) for b in inner),
-                        default=1)
-
-
-def strides(nest: Nest, var: str) -> tuple[list[str], list[str], list[str]]:
-    """Tensors whose accesses move by one element per iteration of `var` (last subscript has coefficient 1
-    and no other subscript mentions it), those it moves along another way, and those it does not touch
-    (reused across its iterations)."""
-    unit: dict[str, None] = {}
-    other: dict[str, None] = {}
-    reused: dict[str, None] = {}
-    for _, eq in equations(nest):
-        for acc in [eq.lhs, *accesses(eq.rhs)]:
-            forms = [affine(i) for i in acc.indices]
-            coeffs = [None if f is None else f[0].get(var, 0) for f in forms]
-            if all(c == 0 for c in coeffs):
-                reused.setdefault(acc.name, None)
-            elif coeffs[-1] == 1 and all(c == 0 for c in coeffs[:-1]):
-                unit.setdefault(acc.name, None)
-            else:
-                other.setdefault(acc.name, None)
-    return list(unit), [n for n in other if n not in unit], [n for n in reused if n not in unit and n not in other]
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _names(names) -> str:
-    names = list(names)
-    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
-
-
-def access_pattern(nest: Nest, var: str, step: str = "consecutive iterations") -> str:
-    """How the accesses move along loop `var`, in words: contiguous, strided, reused."""
-    unit, strided, reused = strides(nest, var)
-    parts = []
-    if unit:
-        parts.append(f"{step} of {var} touch adjacent elements of {_names(unit)}")
-    if strided:
-        parts.append(f"they jump through {_names(strided)} with a larger stride")
-    if reused:
-        parts.append(f"they reuse the same element of {_names(reused)}")
-    return "; ".join(parts) if parts else f"{var} indexes no tensor directly"
-
-
-def _legal_fact(band: Band, var: str) -> str:
-    deps = band.deps()
-    if deps.parallel(var):
-        return f"no dependence is carried by loop {var}: every iteration touches its own elements"
-    return f"loop {var} carries: " + "; ".join(deps.reasons(var))
 
 
 # -- loop_split ---------------------------------------------------------------------------------------
@@ -267,8 +71,8 @@ class LoopSplit(Strategy):
 
     def apply(self, program: Program, action: Action) -> Program:
         self.check(action)
-        index, nest, band, loop = _site(program, action)
-        factor = _int_param(action, "factor")
+        index, nest, band, loop = loop_site(program, action)
+        factor = int_param(action, "factor")
         check_factor(loop, factor)
         new = split_band(band.nest, loop.var, factor, fresh_loop_var(nest))
         return with_nest(program, index, replace_band(nest, band.path, new))
@@ -286,14 +90,14 @@ class LoopSplit(Strategy):
                 f"binding, while the total work stays {loop.extent} iterations.")
 
     def infer(self, before: Program, after: Program) -> list[Action]:
-        changed = _changed_nest(before, after)
+        changed = changed_nest(before, after)
         if changed is None:
             return []
         index, b_nest, a_nest = changed
         found = []
-        for b, a in _band_pairs(b_nest, a_nest):
+        for b, a in band_pairs(b_nest, a_nest):
             if len(a.nest.loops) == len(b.nest.loops) + 1:
-                k = _first_difference(b.nest.loops, a.nest.loops)
+                k = first_difference(b.nest.loops, a.nest.loops)
                 if k < len(b.nest.loops):
                     found.append(self.action(nest=index, loop=b.vars[k], factor=a.nest.loops[k + 1].extent))
         return found
@@ -359,7 +163,7 @@ class LoopReorder(Strategy):
         self.check(action)
         index = action["nest"]
         nest = nest_at(program, index)
-        order = _var_list(action, "order")
+        order = var_list(action, "order")
         if not order:
             raise IllegalActionError("loop_reorder: order is empty")
         band = band_of(nest, order[0])
@@ -379,24 +183,24 @@ class LoopReorder(Strategy):
         moved = [v for v in order if v in deps.reduced]
         fixed = [v for v in band.vars if v in deps.ordered]
         if fixed:
-            legal = f"{_names(fixed)} carry dependences and keep their relative order"
+            legal = f"{listed(fixed)} carry dependences and keep their relative order"
         else:
             legal = "no loop carries a dependence other than a reduction"
         if moved:
-            legal += (f"; moving the reduction loop{'s' if len(moved) > 1 else ''} {_names(moved)} only "
+            legal += (f"; moving the reduction loop{'s' if len(moved) > 1 else ''} {listed(moved)} only "
                       f"changes the order in which terms are accumulated")
         inner = order[-1]
         return (f"Reordered the loops of nest {action['nest']} from [{', '.join(band.vars)}] to "
                 f"[{', '.join(order)}]. Legal: {legal}. The innermost loop is now {inner} "
                 f"({band.nest.loop(inner).extent} iterations): {access_pattern(band.nest, inner)}. The "
-                f"{_trip(band.nest.loops)} iterations are the same; only the order of memory accesses changes.")
+                f"{trip_count(band.nest.loops)} iterations are the same; only the order of memory accesses changes.")
 
     def infer(self, before: Program, after: Program) -> list[Action]:
-        changed = _changed_nest(before, after)
+        changed = changed_nest(before, after)
         if changed is None:
             return []
         index, b_nest, a_nest = changed
-        for b, a in _band_pairs(b_nest, a_nest):
+        for b, a in band_pairs(b_nest, a_nest):
             if b.nest.loops != a.nest.loops and sorted(b.nest.loops, key=lambda l: l.var) == \
                     sorted(a.nest.loops, key=lambda l: l.var):
                 return [self.action(nest=index, order=a.vars)]
@@ -456,7 +260,7 @@ class LoopTiling(Strategy):
         self.check(action)
         index = action["nest"]
         nest = nest_at(program, index)
-        loops, factors = _var_list(action, "loops"), action["factors"]
+        loops, factors = var_list(action, "loops"), action["factors"]
         if len(loops) < 2:
             raise IllegalActionError("loop_tiling needs at least two loops (use loop_split for one)")
         if not isinstance(factors, tuple) or len(factors) != len(loops) or \
@@ -484,25 +288,25 @@ class LoopTiling(Strategy):
         deps = band.deps()
         carried = [l.var for l in loops if l.var in deps.ordered]
         legal = ("none of the tiled loops carries a dependence other than a reduction" if not carried else
-                 f"only {_names(carried)} carries a dependence, and the pieces of that loop keep their order")
+                 f"only {listed(carried)} carries a dependence, and the pieces of that loop keep their order")
         sizes = "x".join(str(f) for f in action["factors"])
-        return (f"Tiled loops {_names([l.var for l in loops])} of nest {action['nest']} (extents "
+        return (f"Tiled loops {listed([l.var for l in loops])} of nest {action['nest']} (extents "
                 f"{'x'.join(str(l.extent) for l in loops)}) into {sizes} tiles: new outer loops "
-                f"{_names(outers)} ({'x'.join(str(l.extent // f) for l, f in zip(loops, action['factors']))} "
+                f"{listed(outers)} ({'x'.join(str(l.extent // f) for l, f in zip(loops, action['factors']))} "
                 f"tiles) step from tile to tile and the original loops cover the {tile} points of one tile. "
-                f"Legal: {legal}. The {_trip(tuple(loops))} points are all still visited; within a tile the "
-                f"accesses to {_names(touched)} stay in a small block that can be kept in cache while it is "
+                f"Legal: {legal}. The {trip_count(tuple(loops))} points are all still visited; within a tile the "
+                f"accesses to {listed(touched)} stay in a small block that can be kept in cache while it is "
                 f"reused.")
 
     def infer(self, before: Program, after: Program) -> list[Action]:
-        changed = _changed_nest(before, after)
+        changed = changed_nest(before, after)
         if changed is None:
             return []
         index, b_nest, a_nest = changed
         found = []
-        for b, a in _band_pairs(b_nest, a_nest):
+        for b, a in band_pairs(b_nest, a_nest):
             extra = len(a.nest.loops) - len(b.nest.loops)
-            k = _first_difference(b.nest.loops, a.nest.loops)
+            k = first_difference(b.nest.loops, a.nest.loops)
             if extra >= 2 and k + extra <= len(b.nest.loops):
                 inner = a.nest.loops[k + extra:k + 2 * extra]
                 found.append(self.action(nest=index, loops=b.vars[k:k + extra],
@@ -604,7 +408,7 @@ class LoopFusion(Strategy):
         self.check(action)
         index = action["nest"]
         nest = nest_at(program, index)
-        loops = _var_list(action, "loops")
+        loops = var_list(action, "loops")
         if len(loops) != 2:
             raise IllegalActionError(f"loop_fusion fuses two loops, got {list(loops)}")
         band = band_of(nest, loops[0])
@@ -647,328 +451,14 @@ class LoopFusion(Strategy):
                 f"vectorize instead of {outer.extent} and {b}.")
 
     def infer(self, before: Program, after: Program) -> list[Action]:
-        changed = _changed_nest(before, after)
+        changed = changed_nest(before, after)
         if changed is None:
             return []
         index, b_nest, a_nest = changed
         found = []
-        for b, a in _band_pairs(b_nest, a_nest):
+        for b, a in band_pairs(b_nest, a_nest):
             if len(a.nest.loops) == len(b.nest.loops) - 1:
-                k = _first_difference(b.nest.loops, a.nest.loops)
+                k = first_difference(b.nest.loops, a.nest.loops)
                 if k + 1 < len(b.nest.loops):
                     found.append(self.action(nest=index, loops=b.vars[k:k + 2]))
         return found
-
-
-# -- loop kinds: unrolling, parallelization, vectorization, binding ------------------------------------
-
-
-def set_kind(nest: Nest, band: Band, var: str, kind: str, new_var: str | None = None) -> Nest:
-    """`nest` with loop `var` of `band` turned into kind `kind` (and renamed to `new_var`)."""
-    loops = tuple(replace(l, kind=kind, var=new_var or l.var) if l.var == var else l for l in band.nest.loops)
-    new = replace(band.nest, loops=loops)
-    if new_var and new_var != var:
-        new = map_body(new, lambda e: rename_var(e, var, new_var))
-    return replace_band(nest, band.path, new)
-
-
-def _loops_around(band: Band, var: str) -> tuple[Loop, ...]:
-    return band.enclosing + band.nest.loops[:band.position(var)]
-
-
-def _loops_inside(band: Band, var: str) -> tuple[Loop, ...]:
-    inner = tuple(l for b in bands(band.nest) if b.path for l in b.nest.loops)
-    return band.nest.loops[band.position(var) + 1:] + inner
-
-
-def _kind_site(strategy: Strategy, program: Program, action: Action, kind: str) -> tuple[int, Nest, Band, Loop]:
-    strategy.check(action)
-    index, nest, band, loop = _site(program, action)
-    if loop.kind != "L":
-        raise IllegalActionError(f"loop {loop.var} is already of kind {loop.kind}; {strategy.name} turns a serial "
-                                 f"(L) loop into {kind}")
-    return index, nest, band, loop
-
-
-def _require_parallel(band: Band, loop: Loop, what: str) -> None:
-    deps = band.deps()
-    if not deps.parallel(loop.var):
-        raise IllegalActionError(f"cannot {what} loop {loop.var}: it carries " + "; ".join(deps.reasons(loop.var)))
-
-
-def kind_changes(before: Program, after: Program, kind: str) -> list[tuple[int, str, str]]:
-    """(nest, loop name before, loop name after) where one loop of a band became `kind` and nothing else
-    about the band's loops changed but that loop's name: what `infer` of the kind strategies looks for."""
-    changed = _changed_nest(before, after)
-    if changed is None:
-        return []
-    index, b_nest, a_nest = changed
-    found = []
-    for b, a in _band_pairs(b_nest, a_nest):
-        if len(b.nest.loops) != len(a.nest.loops):
-            continue
-        diff = [k for k, (x, y) in enumerate(zip(b.nest.loops, a.nest.loops)) if x != y]
-        if len(diff) == 1 and a.nest.loops[diff[0]].kind == kind:
-            found.append((index, b.vars[diff[0]], a.vars[diff[0]]))
-    return found
-
-
-@register
-class LoopUnrolling(Strategy):
-    """Mark a serial loop as unrolled (L -> U): the compiler replicates its body once per iteration.
-
-    Preconditions: the loop exists and is serial. Always legal: unrolling keeps the order of iterations.
-    Offered for extents 2..64 when the extent times the iterations inside it (a vectorized loop counting
-    once) is at most 64: bounded code growth, enough to unroll a 16x16 tile around 16 vector lanes."""
-
-    name = "loop_unrolling"
-    params = ("nest", "loop")
-    nest_local = True
-
-    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
-        nest = program.nests[i]
-        found = []
-        for band in bands(nest):
-            for loop in band.nest.loops:
-                if loop.kind == "L" and 2 <= loop.extent <= MAX_UNROLL and \
-                        loop.extent * _inner_trip(band, loop.var, vector_once=True) <= MAX_UNROLL:
-                    found.append(self.action(nest=i, loop=loop.var))
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        index, nest, band, loop = _kind_site(self, program, action, "U")
-        return with_nest(program, index, set_kind(nest, band, loop.var, "U"))
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        band = band_of(before.nests[action["nest"]], action["loop"])
-        loop = band.nest.loop(action["loop"])
-        inside = _inner_trip(band, loop.var)
-        return (f"Unrolled loop {loop.var} of nest {action['nest']}: its {loop.extent} iterations become "
-                f"{loop.extent} straight-line copies of the body (each running "
-                f"{_count(inside, 'inner iteration')}). Legal: unrolling runs the same iterations in the same "
-                f"order. "
-                f"It removes {loop.extent} loop-counter updates and branches per entry into the loop and lets "
-                f"the compiler schedule the copies together, at the price of a body {loop.extent} times larger.")
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        return [self.action(nest=i, loop=v) for i, v, _ in kind_changes(before, after, "U")]
-
-
-@register
-class LoopParallelization(Strategy):
-    """Run the iterations of a serial loop on parallel CPU threads (L -> P).
-
-    Preconditions: the loop exists and is serial; it carries no dependence (not a reduction or scan loop,
-    no element written in one iteration and used in another); no parallel loop encloses it or lies inside
-    it. Offered on llvm only, for the two outermost such loops of each top-level nest."""
-
-    name = "loop_parallelization"
-    params = ("nest", "loop")
-    nest_local = True
-
-    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
-        if target != "llvm":
-            return []
-        nest = program.nests[i]
-        found = []
-        band = Band((), (), nest)
-        if any(l.kind == "P" for l in all_loops(nest)):
-            return found
-        deps = band.deps()
-        eligible = [l for l in nest.loops if l.kind == "L" and deps.parallel(l.var)]
-        found.extend(self.action(nest=i, loop=l.var) for l in eligible[:2])
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        index, nest, band, loop = _kind_site(self, program, action, "P")
-        _require_parallel(band, loop, "parallelize")
-        nested = [l.var for l in _loops_around(band, loop.var) + _loops_inside(band, loop.var) if l.kind == "P"]
-        if nested:
-            raise IllegalActionError(f"loop {loop.var} is nested with the parallel loop(s) {nested}; the CPU "
-                                     f"runtime has no nested parallelism")
-        return with_nest(program, index, set_kind(nest, band, loop.var, "P"))
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        band = band_of(before.nests[action["nest"]], action["loop"])
-        loop = band.nest.loop(action["loop"])
-        outside = _trip(_loops_around(band, loop.var))
-        work = _count(_inner_trip(band, loop.var), "inner iteration")
-        repeat = f", and the loop is entered {outside} times (once per iteration of the loops around it)"
-        return (f"Parallelized loop {loop.var} of nest {action['nest']}: its {loop.extent} iterations are "
-                f"shared among CPU threads, each iteration doing {work} of work{repeat if outside > 1 else ''}. "
-                f"Legal: {_legal_fact(band, loop.var)}. With T threads the loop takes about 1/T of its serial "
-                f"time once {loop.extent} iterations are enough to keep T threads busy; each entry into the "
-                f"loop pays a thread-pool launch.")
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        return [self.action(nest=i, loop=v) for i, v, _ in kind_changes(before, after, "P")]
-
-
-def _unit_stride_writes(band: Band, var: str) -> bool:
-    """Every store under the loop writes consecutive elements along `var`: the target's last subscript
-    has coefficient 1 in `var` and no other subscript mentions it."""
-    for _, eq in equations(band.nest):
-        forms = [affine(i) for i in eq.lhs.indices]
-        if not forms or any(f is None for f in forms):
-            return False
-        if forms[-1][0].get(var, 0) != 1 or any(f[0].get(var, 0) for f in forms[:-1]):
-            return False
-    return True
-
-
-@register
-class LoopVectorization(Strategy):
-    """Execute the iterations of a serial loop as SIMD vector lanes (L -> V).
-
-    Preconditions: the loop exists and is serial with at most 256 iterations; it carries no dependence; no
-    vectorized loop encloses it or lies inside it. Offered only for innermost loops whose stores are
-    unit-stride along the loop, with 2..64 iterations on llvm (2 or 4 on cuda, which vectorizes only
-    those)."""
-
-    name = "loop_vectorization"
-    params = ("nest", "loop")
-    nest_local = True
-
-    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
-        nest = program.nests[i]
-        found = []
-        for band in bands(nest):
-            if any(isinstance(s, Nest) for s in band.nest.body) or not band.nest.loops:
-                continue
-            loop = band.nest.loops[-1]
-            if loop.kind == "L" and loop.extent in MENU_VECTOR.get(target, ()) and \
-                    _unit_stride_writes(band, loop.var) and band.deps().parallel(loop.var) and \
-                    not any(l.kind == "V" for l in _loops_around(band, loop.var)):
-                found.append(self.action(nest=i, loop=loop.var))
-        return found
-
-    def apply(self, program: Program, action: Action) -> Program:
-        index, nest, band, loop = _kind_site(self, program, action, "V")
-        if loop.extent > MAX_VECTOR:
-            raise IllegalActionError(f"loop {loop.var} has {loop.extent} iterations; vectors longer than "
-                                     f"{MAX_VECTOR} lanes take too long to compile: split it first")
-        _require_parallel(band, loop, "vectorize")
-        nested = [l.var for l in _loops_around(band, loop.var) + _loops_inside(band, loop.var) if l.kind == "V"]
-        if nested:
-            raise IllegalActionError(f"loop {loop.var} is nested with the vectorized loop(s) {nested}")
-        return with_nest(program, index, set_kind(nest, band, loop.var, "V"))
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        band = band_of(before.nests[action["nest"]], action["loop"])
-        loop = band.nest.loop(action["loop"])
-        inside = _loops_inside(band, loop.var)
-        where = ("it is the innermost loop" if not inside else
-                 f"the {len(inside)} loop(s) inside it run within each group of lanes")
-        return (f"Vectorized loop {loop.var} of nest {action['nest']} ({loop.extent} iterations): its iterations "
-                f"run as SIMD lanes; {where}. Legal: {_legal_fact(band, loop.var)}. Lanes "
-                f"{access_pattern(band.nest, loop.var, 'neighbouring lanes')} (adjacent elements load and store "
-                f"as whole vectors, strided ones need gathers, reused ones are broadcast). Up to "
-                f"{loop.extent} scalar operations become vector operations of the machine's width.")
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        return [self.action(nest=i, loop=v) for i, v, _ in kind_changes(before, after, "V")]
-
-
-def _axis_of(loop: Loop) -> str | None:
-    return loop.var[:2] if loop.kind == "B" and loop.var[:2] in GPU_AXES else None
-
-
-def check_axis_limits(nest: Nest, bound: Loop, replaced: tuple[str, ...] = ()) -> None:
-    """A loop bound to `bound`'s axis must fit the CUDA limits: its axis unused elsewhere in the nest, its
-    extent within the axis limit, and at most 1024 threads per block."""
-    axis = _axis_of(bound)
-    if axis is None:
-        raise IllegalActionError(f"bound loop {bound.var!r} names no GPU axis ({', '.join(GPU_AXES)})")
-    others = [l for l in all_loops(nest) if l.var not in replaced and l.var != bound.var]
-    if any(_axis_of(l) == axis for l in others):
-        raise IllegalActionError(f"GPU axis {axis} is already bound in this nest")
-    if bound.extent > AXIS_LIMITS[axis]:
-        raise IllegalActionError(f"extent {bound.extent} exceeds the limit {AXIS_LIMITS[axis]} of axis {axis}")
-    threads = math.prod(l.extent for l in others + [bound] if (_axis_of(l) or "").startswith("t"))
-    if threads > MAX_THREADS:
-        raise IllegalActionError(f"the nest would use {threads} threads per block (limit {MAX_THREADS})")
-
-
-def bound_name(nest: Nest, axis: str, var: str) -> str:
-    """The reference's name for loop `var` bound to `axis` (`by` + `a` = `bya`), made unique in the nest."""
-    used = {l.var for l in all_loops(nest)}
-    name, suffix = axis + var, 0
-    while name in used:
-        suffix += 1
-        name = f"{axis}{var}{suffix}"
-    return name
-
-
-@register
-class LoopBinding(Strategy):
-    """Bind a serial loop to a CUDA grid axis (L -> B): `axis` is bx/by/bz (blockIdx) or tx/ty/tz
-    (threadIdx), and the loop is renamed axis + old name (`bya`), which is how the lowering finds the axis.
-
-    Preconditions: the loop exists in a top-level band and is serial; it carries no dependence; the axis is
-    not bound elsewhere in the nest; the extent fits the axis (blockIdx.x < 2^31, y/z <= 65535,
-    threadIdx x/y <= 1024, z <= 64) and the nest's threads stay <= 1024. Offered on cuda only."""
-
-    name = "loop_binding"
-    params = ("nest", "loop", "axis")
-    nest_local = True
-
-    def nest_candidates(self, program: Program, i: int, target: str) -> list[Action]:
-        if target != "cuda":
-            return []
-        nest = program.nests[i]
-        found = []
-        band = Band((), (), nest)
-        deps = band.deps()
-        for loop in nest.loops:
-            if loop.kind != "L" or not deps.parallel(loop.var):
-                continue
-            for family in ("b", "t"):
-                axis = self._free_axis(nest, loop, family)
-                if axis is not None:
-                    found.append(self.action(nest=i, loop=loop.var, axis=axis))
-        return found
-
-    def _free_axis(self, nest: Nest, loop: Loop, family: str) -> str | None:
-        for axis in GPU_AXES:
-            if axis.startswith(family):
-                try:
-                    check_axis_limits(nest, Loop("B", loop.extent, axis + loop.var), replaced=(loop.var,))
-                except IllegalActionError:
-                    continue
-                return axis
-        return None
-
-    def apply(self, program: Program, action: Action) -> Program:
-        index, nest, band, loop = _kind_site(self, program, action, "B")
-        axis = action["axis"]
-        if axis not in GPU_AXES:
-            raise IllegalActionError(f"axis must be one of {', '.join(GPU_AXES)}, got {axis!r}")
-        if band.path:
-            raise IllegalActionError(f"loop {loop.var} belongs to an inner nest; only loops of a top-level nest "
-                                     f"can be bound to the grid")
-        _require_parallel(band, loop, "bind")
-        name = bound_name(nest, axis, loop.var)
-        check_axis_limits(nest, Loop("B", loop.extent, name), replaced=(loop.var,))
-        return with_nest(program, index, set_kind(nest, band, loop.var, "B", name))
-
-    def explain(self, before: Program, action: Action, after: Program) -> str:
-        band = band_of(before.nests[action["nest"]], action["loop"])
-        loop = band.nest.loop(action["loop"])
-        axis = action["axis"]
-        unit = {"b": "blockIdx", "t": "threadIdx"}[axis[0]] + "." + axis[1]
-        new_name = bound_name(before.nests[action["nest"]], axis, loop.var)
-        role = ("thread blocks, spread over the streaming multiprocessors" if axis[0] == "b" else
-                "threads of each block, which run in lockstep warps")
-        unit_s = strides(band.nest, loop.var)[0]
-        coalesce = (f" Consecutive threads touch consecutive elements of {_names(unit_s)}, so their "
-                    f"accesses coalesce." if axis == "tx" and unit_s else "")
-        return (f"Bound loop {loop.var} of nest {action['nest']} to {unit}, renaming it {new_name}: its "
-                f"{loop.extent} iterations become {loop.extent} {role}, each doing "
-                f"{_count(_inner_trip(band, loop.var), 'inner iteration')}. Legal: {_legal_fact(band, loop.var)}; "
-                f"the "
-                f"axis {axis} was free in this nest and {loop.extent} is within its limit "
-                f"{AXIS_LIMITS[axis]}.{coalesce}")
-
-    def infer(self, before: Program, after: Program) -> list[Action]:
-        return [self.action(nest=i, loop=v, axis=new[:2]) for i, v, new in kind_changes(before, after, "B")
-                if new[:2] in GPU_AXES]

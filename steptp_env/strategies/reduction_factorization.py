@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..errors import IllegalActionError
 from ..ir.analysis import Reduction, loop_iterations, reduction, scans
 from ..ir.ast import Access, BinOp, Call, Const, Equation, Expr, Loop, Nest, Var, map_children, replace_accesses
 from ..ir.program import Program

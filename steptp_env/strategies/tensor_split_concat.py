@@ -406,8 +406,8 @@ class TensorConcatToFuseOperators(Strategy):
         results = [flat_equations(n)[0].lhs.name for n in (plan.first, plan.second)]
         return (f"tensor_concat_to_fuse_operators ran nests {i} and {i + 1}, which apply the same operator to "
                 f"different tensors, as one operator over {var} = {one} + {two} iterations: the operands indexed by "
-                f"{var} ({', '.join(action['tensors'])} and the second nest's counterparts) are concatenated along {var}, one nest "
-                f"computes both results, and two nests copy them back into {results[0]} and {results[1]}. It is "
+                f"{var} ({', '.join(action['tensors'])} and the second nest's counterparts) are concatenated along "
+                f"{var}, one nest computes both results, and two nests copy them back into {results[0]} and {results[1]}. It is "
                 "legal because the nests are independent and every element of the concatenated result depends "
                 "only on its own half. One larger launch replaces two smaller ones, which fills more parallel "
                 "units; the concatenation and the copies add memory traffic.")
