@@ -45,8 +45,9 @@ def report() -> str:
              "command in the last column), its runs and per-workload report in "
              "benchmarks/results/leaderboard/AGENT-SUITE-bBUDGET/. Speedups are geometric means over the "
              "workloads timed in every seed, from side-by-side timings after each search (start program, "
-             "best program, PyTorch eager called directly, same thread count); the mean over seeds with its "
-             "Student-t 95% interval.", "",
+             "best program, PyTorch eager called directly, same thread count; a run that ended at its start "
+             "program timed that program twice and counts the geometric mean of both timings for both, "
+             "`agents.evaluate.run_times`); the mean over seeds with its Student-t 95% interval.", "",
              "| suite | budget | agent | speedup over start | speedup over PyTorch eager | workloads | failed runs | "
              "seeds | hours | machine | max load | command |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

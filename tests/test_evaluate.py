@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from agents.evaluate import EvalConfig, evaluate, interval, load_runs
+from agents.evaluate import EvalConfig, evaluate, interval, load_runs, run_times, summarise
 from steptp_env.cli import app
 from steptp_env.costmodel.default import DEFAULT_MODEL_DIR
 from steptp_env.workloads import list_workloads, spec
@@ -69,8 +69,8 @@ def test_an_evaluation_times_every_run_side_by_side_and_resumes(two_workloads, t
         per_seed = [p[figure] for p in summary["per_seed"]]
         assert summary[figure] == pytest.approx(sum(per_seed) / 2)
     first = summary["per_seed"][0]
-    assert first["speedup"] == pytest.approx(
-        (runs[0]["start_s"] / runs[0]["best_s"] * runs[2]["start_s"] / runs[2]["best_s"]) ** 0.5)
+    (start0, best0), (start2, best2) = run_times(runs[0]), run_times(runs[2])
+    assert first["speedup"] == pytest.approx((start0 / best0 * start2 / best2) ** 0.5)
     report = (tmp_path / "report.md").read_text()
     assert config.command() in report and TWO[1] in report and (tmp_path / "report.png").stat().st_size > 0
     assert json.loads((tmp_path / "summary.json").read_text())["command"] == config.command()
@@ -81,6 +81,17 @@ def test_an_evaluation_times_every_run_side_by_side_and_resumes(two_workloads, t
     assert len(load_runs(tmp_path / "runs.jsonl", more)) == 4
     assert len(evaluate(more, tmp_path)["per_seed"]) == 3
     assert (tmp_path / "runs.jsonl").read_text().count("\n") == lines + 2
+
+
+def test_a_run_that_ends_at_its_start_program_has_its_two_timings_pooled(two_workloads):
+    config = EvalConfig("greedy", two_workloads, budget=1, seeds=1)
+    stayed = {"uri": TWO[0], "seed": 0, "path": [], "start_s": 1.0e-3, "best_s": 1.44e-3, "eager_s": 2.4e-3}
+    moved = {"uri": TWO[1], "seed": 0, "path": ["loop_split(nest=0, loop=a, factor=2)"], "start_s": 1.0e-3,
+             "best_s": 0.5e-3, "eager_s": 1.0e-3}
+    assert run_times(stayed) == pytest.approx((1.2e-3, 1.2e-3)) and run_times(moved) == (1.0e-3, 0.5e-3)
+    summary = summarise(config, [stayed, moved])
+    assert summary["speedup"] == pytest.approx(2 ** 0.5)  # 1 (one program) and 2
+    assert summary["vs_eager"] == pytest.approx((2.4 / 1.2 * 2) ** 0.5)
 
 
 def test_a_failing_agent_is_a_recorded_run_that_a_rerun_tries_again(two_workloads, tmp_path):
