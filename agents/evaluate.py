@@ -9,8 +9,9 @@ three rounds, medians: the figures come from those side-by-side timings, not fro
 
 Per seed, the geometric mean over the suite of start/best ("speedup") and of eager/best ("vs eager", above 1
 is faster than PyTorch); the report gives their mean over seeds with a Student-t 95% interval (none with one
-seed). A run whose best program is its start program timed one program twice (`run_times`). A run that fails (the agent raised, or a figure could not be timed) is kept with its error and
-listed; the means are over the workloads with figures in every seed, and say how many.
+seed). A run whose best program is its start program timed one program twice (`run_times`). A run that
+fails (the agent raised, or a figure could not be timed) is kept with its error and listed; the means are
+over the workloads with figures in every seed, and say how many.
 
 Runs append to `runs.jsonl` in the output folder as they finish, with the configuration, the machine and
 the load average before and after; a rerun with the same folder and configuration skips the runs that have
@@ -165,7 +166,7 @@ def run_times(run: dict[str, Any]) -> tuple[float, float]:
     """(start, best) seconds of a timed run, as its figures use them. A run whose search ended at the start
     program (an empty path) timed that one program twice, once as start and once as best: both are the
     geometric mean of the two timings, so its speedup is 1 rather than the two timings' noise (on the
-    leaderboard such pairs came out 0.40x to 1.27x apart on memory-bound workloads). runs.jsonl keeps both
+    leaderboard such pairs came out 0.40x to 1.27x apart, mostly on memory-bound workloads). runs.jsonl keeps both
     timings as taken."""
     if run.get("path") != []:
         return run["start_s"], run["best_s"]
