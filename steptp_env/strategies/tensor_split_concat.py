@@ -407,10 +407,10 @@ class TensorConcatToFuseOperators(Strategy):
         return (f"tensor_concat_to_fuse_operators ran nests {i} and {i + 1}, which apply the same operator to "
                 f"different tensors, as one operator over {var} = {one} + {two} iterations: the operands indexed by "
                 f"{var} ({', '.join(action['tensors'])} and the second nest's counterparts) are concatenated along "
-                f"{var}, one nest computes both results, and two nests copy them back into {results[0]} and {results[1]}. It is "
-                "legal because the nests are independent and every element of the concatenated result depends "
-                "only on its own half. One larger launch replaces two smaller ones, which fills more parallel "
-                "units; the concatenation and the copies add memory traffic.")
+                f"{var}, one nest computes both results, and two nests copy them back into {results[0]} and "
+                f"{results[1]}. It is legal because the nests are independent and every element of the "
+                "concatenated result depends only on its own half. One larger launch replaces two smaller ones, "
+                "which fills more parallel units; the concatenation and the copies add memory traffic.")
 
 
 def _concat_nests(program: Program, plan: _ConcatPlan, pairs: list[tuple[Access, Access]]) -> list[Nest]:
